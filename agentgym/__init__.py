@@ -1,0 +1,24 @@
+"""agentgym — Gymnasium environments and RL learners for LLM agents.
+
+The kernel: env base class and spaces, registry, reward shapers, tools and action parsers.
+Concrete parts live in ``agentgym.envs``, ``agentgym.policies`` and ``agentgym.algorithms``.
+"""
+
+from agentgym import parsing, rewards
+from agentgym.core import AgentEnv, Transition
+from agentgym.registry import NAMESPACE, list_envs, make, register, spec
+from agentgym.rewards import Reward, StepEvent, shaper
+from agentgym.spaces import MessageList, UnicodeText
+from agentgym.tools import Tool, ToolResult, ToolSet, tool
+from agentgym.wrappers import FullHistory
+from agentgym.registry import _register_builtins
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentEnv", "Transition", "NAMESPACE", "register", "make", "list_envs", "spec",
+    "Reward", "StepEvent", "shaper", "rewards", "parsing",
+    "UnicodeText", "MessageList", "Tool", "ToolResult", "ToolSet", "tool", "FullHistory",
+]
+
+_register_builtins()

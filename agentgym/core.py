@@ -1,0 +1,224 @@
+"""``AgentEnv``: a :class:`gymnasium.Env` whose action is the assistant's text and whose
+observation is the list of chat messages that are new since the last step.
+
+Subclasses describe *what* happens (tasks, the first messages, one transition); the base class
+owns the parts every env must get right the same way: seeding, task selection, the turn limit
+(``truncated``), oversized actions, reward composition with per-term reporting, the episode
+summary and ``ansi`` rendering.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import gymnasium as gym
+
+from agentgym.rewards import Reward, StepEvent, StepRecord, exact_match
+from agentgym.spaces import Message, MessageList, UnicodeText
+
+__all__ = ["AgentEnv", "Transition"]
+
+
+@dataclass
+class Transition:
+    """What :meth:`AgentEnv.transition` returns for one action.
+
+    Attributes:
+        messages: the new observation messages (may be empty, e.g. after a final answer).
+        action_type: ``search``, ``answer``, ``tool_call``, ``code``, ``invalid``, …
+        parsed: the parsed action (for shapers and logs).
+        terminated: the task ended (answer, submit, finish).
+        answer: the answer extracted on this step, if any (read by answer-matching shapers).
+        info: env-specific facts for shapers and ``info`` (e.g. ``retrieved`` passages).
+    """
+    messages: list[Message]
+    action_type: str
+    parsed: Any = None
+    terminated: bool = False
+    answer: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class AgentEnv(gym.Env[list, str]):
+    """Base class for text environments (see ``ARCHITECTURE.md``: Environment contract).
+
+    Subclasses implement :meth:`get_task`, :meth:`initial_messages`, :meth:`transition` and
+    :meth:`default_reward`, and set :attr:`num_tasks` (``None`` = procedurally unbounded).
+
+    ``info`` keys: ``reward_terms`` (weighted term values, summing to the reward), ``action_type``,
+    ``turn``, and on the last step ``episode_summary`` (success, turns, tool calls, term totals, …).
+    The summary is not under ``info["episode"]``: Gymnasium's ``RecordEpisodeStatistics`` owns that
+    key and asserts it is absent, and our envs must work with Gymnasium's wrappers unchanged. Privileged (hidden-state) data appears only under
+    ``info["privileged"]`` — at reset it holds the task, for oracles and evaluation; a policy must
+    not read it.
+
+    Attributes a rollout engine reads: ``stop_strings`` (generation may stop after these),
+    ``observation_style`` (``"chat"`` or ``"continuation"``), :meth:`tool_specs`.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    stop_strings: tuple[str, ...] = ()
+    observation_style: str = "chat"
+    num_tasks: int | None = None
+    #: action types counted as tool calls in the episode summary
+    tool_action_types: tuple[str, ...] = ("search", "tool_call", "code")
+
+    def __init__(self, *, reward: Reward | Mapping[str, float] | None = None, max_turns: int = 8,
+                 max_action_chars: int = 16_384, render_mode: str | None = None):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.render_mode = render_mode
+        self.max_turns = int(max_turns)
+        self.max_action_chars = int(max_action_chars)
+        if reward is None:
+            reward = self.default_reward()
+        elif isinstance(reward, Mapping):  # only new weights for the default terms
+            reward = self.default_reward().with_weights(**reward)
+        self.reward = reward
+        self.action_space = UnicodeText(max_length=self.max_action_chars)
+        self.observation_space = MessageList()
+        self.task: dict[str, Any] = {}
+        self.task_index: int | None = None
+        self.messages: list[Message] = []
+        self.turn = 0
+        self._history: list[StepRecord] = []
+        self._term_totals: dict[str, float] = {}
+        self._return = 0.0
+        self._done = True
+
+    # ------------------------------------------------------------------ subclass API
+    def get_task(self, index: int) -> dict[str, Any]:
+        """The task with this index (deterministic in ``index``)."""
+        raise NotImplementedError
+
+    def initial_messages(self, task: Mapping[str, Any]) -> list[Message]:
+        """The first observation: system/user messages holding the task prompt."""
+        raise NotImplementedError
+
+    def transition(self, action: str) -> Transition:
+        """Apply one action to the hidden state. Must not raise on any string."""
+        raise NotImplementedError
+
+    def default_reward(self) -> Reward:
+        raise NotImplementedError
+
+    def on_reset(self, task: Mapping[str, Any]) -> None:
+        """Hook: build per-episode hidden state (database, sandbox, …)."""
+
+    def episode_success(self) -> bool:
+        """Default: the final answer matches a gold answer (``task["answers"]``)."""
+        gold = self.task.get("answers", self.task.get("answer"))
+        if gold is None:
+            return False
+        golds = [str(gold)] if isinstance(gold, (str, int, float)) else [str(g) for g in gold]
+        answer = next((r.info.get("answer") for r in reversed(self._history) if r.info.get("answer") is not None), None)
+        return bool(exact_match(answer, golds))
+
+    def episode_metrics(self) -> dict[str, Any]:
+        """Hook: extra entries for the final ``info["episode_summary"]``."""
+        return {}
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        """Tool specs for chat templates (``tools=``); empty if the env has no tools."""
+        return []
+
+    def invalid(self, message: str, parsed: Any = None, role: str = "user", **info: Any) -> Transition:
+        """A non-terminal invalid-action transition whose observation says what was wrong."""
+        return Transition([{"role": role, "content": message}], "invalid", parsed=parsed,
+                          info={"error": message, **info})
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - {"task", "task_index"}
+        if unknown:
+            raise ValueError(f"unknown reset options {sorted(unknown)}; use 'task' or 'task_index'")
+        if "task" in options:
+            self.task_index = options.get("task_index")
+            self.task = dict(options["task"])
+        else:
+            if "task_index" in options:
+                index = int(options["task_index"])
+                if self.num_tasks is not None and not 0 <= index < self.num_tasks:
+                    raise IndexError(f"task_index {index} out of range [0, {self.num_tasks})")
+            else:
+                high = self.num_tasks if self.num_tasks is not None else 2**31 - 1
+                if high <= 0:
+                    raise RuntimeError(f"{type(self).__name__} has no tasks")
+                index = int(self.np_random.integers(high))
+            self.task_index = index
+            self.task = self.get_task(index)
+        self.turn = 0
+        self._history = []
+        self._term_totals = {n: 0.0 for n in self.reward.names}
+        self._return = 0.0
+        self._done = False
+        self.on_reset(self.task)
+        obs = self.initial_messages(self.task)
+        self.messages = copy.deepcopy(obs)
+        return obs, {"task_index": self.task_index, "turn": 0, "privileged": {"task": copy.deepcopy(self.task)}}
+
+    def step(self, action: str):
+        if self._done:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        if not isinstance(action, str):
+            raise TypeError(f"the action must be the assistant's text (str), got {type(action).__name__}")
+        if len(action) > self.max_action_chars:
+            tr = self.invalid(f"Your response has {len(action)} characters; the limit is {self.max_action_chars}. "
+                              "Answer more briefly.")
+        else:
+            tr = self.transition(action)
+        self.turn += 1
+        terminated = bool(tr.terminated)
+        truncated = not terminated and self.turn >= self.max_turns
+        done = terminated or truncated
+        info = dict(tr.info)
+        if tr.answer is not None:
+            info["answer"] = tr.answer
+        event = StepEvent(task=self.task, action=action, action_type=tr.action_type, parsed=tr.parsed,
+                          observation=tr.messages, turn=self.turn - 1, history=tuple(self._history),
+                          done=done, truncated=truncated, answer=tr.answer, info=info)
+        reward, terms = self.reward(event)
+        self._history.append(StepRecord(self.turn - 1, action, tr.action_type, tr.parsed, info))
+        for k, v in terms.items():
+            self._term_totals[k] = self._term_totals.get(k, 0.0) + v
+        self._return += reward
+        self.messages.append({"role": "assistant", "content": action})
+        self.messages.extend(copy.deepcopy(tr.messages))
+        info.update(reward_terms=terms, action_type=tr.action_type, turn=self.turn)
+        if done:
+            self._done = True
+            info["episode_summary"] = self._episode_summary(terminated, truncated)
+        return tr.messages, reward, terminated, truncated, info
+
+    def _episode_summary(self, terminated: bool, truncated: bool) -> dict[str, Any]:
+        counts = Counter(r.action_type for r in self._history)
+        summary = {
+            "success": bool(self.episode_success()),
+            "return": self._return,
+            "turns": self.turn,
+            "terminated": terminated,
+            "truncated": truncated,
+            "tool_calls": sum(counts.get(k, 0) for k in self.tool_action_types),
+            "invalid_actions": counts.get("invalid", 0),
+            "action_counts": dict(counts),
+            "reward_terms": dict(self._term_totals),
+            "task_index": self.task_index,
+        }
+        summary.update(self.episode_metrics())
+        return summary
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        lines = []
+        for m in self.messages:
+            lines.append(f"[{m['role']}]")
+            lines.append(m["content"])
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,275 @@
+"""Action parsing shared by all environments. Pure functions; no env state.
+
+Every parser returns a value describing what it found *or* a human-readable error string, and
+never raises on model output: an env turns the error into an observation and a penalty.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+__all__ = [
+    "TagMatch", "first_tag", "last_tag_content", "all_tag_contents", "tag_format_errors",
+    "ToolCall", "ToolCallParse", "parse_tool_calls",
+    "ReActStep", "parse_react",
+    "CodeBlock", "extract_code_blocks",
+    "extract_boxed", "truncate_after_stop",
+]
+
+
+# --------------------------------------------------------------------------- tags
+@dataclass(frozen=True)
+class TagMatch:
+    tag: str
+    content: str
+    start: int
+    end: int
+
+
+def _tag_alternation(tags: Sequence[str]) -> str:
+    if not tags:
+        raise ValueError("need at least one tag name")
+    return "|".join(re.escape(t) for t in tags)
+
+
+def first_tag(text: str, tags: Sequence[str] = ("search", "answer")) -> TagMatch | None:
+    """The first *complete* ``<tag>...</tag>`` among ``tags`` (Search-R1 rule: the first match of
+    ``<(search|answer)>(.*?)</\\1>`` decides the action). Content is stripped."""
+    m = re.search(rf"<({_tag_alternation(tags)})>(.*?)</\1>", text, flags=re.DOTALL)
+    if m is None:
+        return None
+    return TagMatch(m.group(1), m.group(2).strip(), m.start(), m.end())
+
+
+def all_tag_contents(text: str, tag: str) -> list[str]:
+    """Contents (stripped) of every complete ``<tag>...</tag>`` in order."""
+    return [c.strip() for c in re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)]
+
+
+def last_tag_content(text: str, tag: str) -> str | None:
+    """Content of the last complete ``<tag>...</tag>`` (Search-R1 answer extraction), or None."""
+    found = all_tag_contents(text, tag)
+    return found[-1] if found else None
+
+
+def tag_format_errors(text: str, tags: Sequence[str]) -> list[str]:
+    """Problems with tag markup: unbalanced or nested open/close tags. Empty list = well-formed."""
+    errors: list[str] = []
+    token = re.compile(rf"<(/?)({_tag_alternation(tags)})>")
+    open_tag: str | None = None
+    for m in token.finditer(text):
+        closing, name = m.group(1) == "/", m.group(2)
+        if not closing:
+            if open_tag is not None:
+                errors.append(f"<{name}> opened inside <{open_tag}> at offset {m.start()}")
+            open_tag = name
+        else:
+            if open_tag != name:
+                errors.append(f"</{name}> at offset {m.start()} closes nothing")
+            else:
+                open_tag = None
+    if open_tag is not None:
+        errors.append(f"<{open_tag}> is never closed")
+    return errors
+
+
+def truncate_after_stop(text: str, stops: Sequence[str]) -> str:
+    """Cut ``text`` right after the earliest occurrence of any stop string (kept)."""
+    best = None
+    for s in stops:
+        i = text.find(s)
+        if i >= 0 and (best is None or i + len(s) < best):
+            best = i + len(s)
+    return text if best is None else text[:best]
+
+
+# --------------------------------------------------------------------------- tool calls
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCallParse:
+    """Result of :func:`parse_tool_calls`: the calls that parsed and an error per one that did not."""
+    calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def found(self) -> bool:
+        return bool(self.calls or self.errors)
+
+
+def _describe_json_error(payload: str, err: json.JSONDecodeError) -> str:
+    lo, hi = max(0, err.pos - 20), min(len(payload), err.pos + 20)
+    return (f"invalid JSON in <tool_call>: {err.msg} at line {err.lineno} column {err.colno} "
+            f"(near {payload[lo:hi]!r})")
+
+
+def parse_tool_calls(text: str, open_tag: str = "<tool_call>", close_tag: str = "</tool_call>") -> ToolCallParse:
+    """Parse Hermes/Qwen-style ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks.
+
+    ``arguments`` may also be given as a JSON-encoded string (some models emit that). An opened but
+    unclosed tag, broken JSON, a missing/non-string ``name`` or non-object ``arguments`` each give
+    one clear error message.
+    """
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    pos = 0
+    while True:
+        start = text.find(open_tag, pos)
+        if start < 0:
+            break
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            errors.append(f"{open_tag} is opened but never closed with {close_tag}")
+            break
+        payload = text[start + len(open_tag):end].strip()
+        pos = end + len(close_tag)
+        if not payload:
+            errors.append(f"empty {open_tag}: expected a JSON object with \"name\" and \"arguments\"")
+            continue
+        try:
+            obj = json.loads(payload)
+        except json.JSONDecodeError as e:
+            errors.append(_describe_json_error(payload, e))
+            continue
+        except RecursionError:
+            errors.append("invalid JSON in <tool_call>: nested too deeply")
+            continue
+        if not isinstance(obj, dict):
+            errors.append(f"a tool call must be a JSON object, got {type(obj).__name__}")
+            continue
+        name = obj.get("name")
+        if not isinstance(name, str) or not name.strip():
+            errors.append('a tool call needs a string "name"')
+            continue
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as e:
+                errors.append(f"\"arguments\" of {name!r} is a string that is not valid JSON: {e.msg}")
+                continue
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            errors.append(f"\"arguments\" of {name!r} must be a JSON object, got {type(args).__name__}")
+            continue
+        calls.append(ToolCall(name.strip(), args))
+    return ToolCallParse(calls, errors)
+
+
+# --------------------------------------------------------------------------- ReAct
+@dataclass(frozen=True)
+class ReActStep:
+    """One ReAct turn. Exactly one of (``action``) or (``final_answer``) is set unless ``error``."""
+    thought: str | None = None
+    action: str | None = None
+    action_input: str | None = None
+    final_answer: str | None = None
+    error: str | None = None
+
+
+_REACT_FIELD = re.compile(r"^[ \t]*(Thought|Action Input|Action|Final Answer|Observation)[ \t]*:[ \t]?", re.MULTILINE)
+
+
+def parse_react(text: str) -> ReActStep:
+    """Parse ``Thought: / Action: / Action Input:`` or ``Final Answer:`` (ReAct, Yao et al. 2023).
+
+    Field labels start a line. Anything after a model-written ``Observation:`` is ignored (the model
+    must not invent observations). If both an action and a final answer appear, the one written
+    first wins, mirroring the tag rule "first complete action decides".
+    """
+    fields: dict[str, str] = {}
+    order: list[str] = []
+    matches = list(_REACT_FIELD.finditer(text))
+    for i, m in enumerate(matches):
+        label = m.group(1)
+        if label == "Observation":
+            break
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        if label not in fields:
+            fields[label] = text[m.end():end].strip()
+            order.append(label)
+    thought = fields.get("Thought")
+    if "Final Answer" in fields and ("Action" not in fields or order.index("Final Answer") < order.index("Action")):
+        answer = fields["Final Answer"]
+        if not answer:
+            return ReActStep(thought=thought, error="'Final Answer:' is empty")
+        return ReActStep(thought=thought, final_answer=answer)
+    if "Action" in fields:
+        action = fields["Action"].strip()
+        if not action:
+            return ReActStep(thought=thought, error="'Action:' names no tool")
+        action_input = fields.get("Action Input")
+        if action_input is None:
+            # Also accept the compact form ``Action: tool[input]`` of the ReAct paper.
+            m = re.fullmatch(r"(\w+)\[(.*)\]", action, flags=re.DOTALL)
+            if m:
+                return ReActStep(thought=thought, action=m.group(1), action_input=m.group(2).strip())
+            return ReActStep(thought=thought, action=action, error="'Action:' without 'Action Input:'")
+        return ReActStep(thought=thought, action=action, action_input=action_input)
+    if "Action Input" in fields:
+        return ReActStep(thought=thought, error="'Action Input:' without 'Action:'")
+    return ReActStep(thought=thought, error="expected 'Action:' + 'Action Input:' lines or a 'Final Answer:' line")
+
+
+# --------------------------------------------------------------------------- code
+@dataclass(frozen=True)
+class CodeBlock:
+    language: str
+    code: str
+
+
+_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*\n(.*?)^[ \t]*\1[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def extract_code_blocks(text: str, language: str | Sequence[str] | None = None) -> list[CodeBlock]:
+    """Fenced code blocks (```lang ... ``` or ~~~), in order. ``language`` filters by the fence's
+    info string (case-insensitive); blocks without a language match only when ``""`` is allowed."""
+    wanted: set[str] | None
+    if language is None:
+        wanted = None
+    elif isinstance(language, str):
+        wanted = {language.lower()}
+    else:
+        wanted = {s.lower() for s in language}
+    blocks = []
+    for m in _FENCE.finditer(text):
+        lang = m.group(2).lower()
+        if wanted is None or lang in wanted:
+            blocks.append(CodeBlock(lang, m.group(3)))
+    return blocks
+
+
+# --------------------------------------------------------------------------- boxed
+def extract_boxed(text: str, which: str = "last") -> str | None:
+    r"""Content of ``\boxed{...}`` (or ``\fbox{...}``) with nested braces balanced.
+
+    ``which`` is ``"last"`` (the usual rule for final answers) or ``"first"``. Returns None if no
+    balanced box exists.
+    """
+    if which not in ("first", "last"):
+        raise ValueError("which must be 'first' or 'last'")
+    found: list[str] = []
+    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            c = text[i]
+            if c == "\\" and i + 1 < len(text):  # skip escaped braces like \{ \}
+                i += 2
+                continue
+            depth += (c == "{") - (c == "}")
+            i += 1
+        if depth == 0:
+            found.append(text[m.end():i - 1].strip())
+            if which == "first":
+                break
+    if not found:
+        return None
+    return found[0] if which == "first" else found[-1]

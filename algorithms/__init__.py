@@ -1,0 +1,1 @@
+"""Advantage estimators, losses and learners (installed as ``agentgym.algorithms``)."""

@@ -1,0 +1,1 @@
+"""Concrete agentgym environments (installed as ``agentgym.envs``)."""

@@ -1,0 +1,137 @@
+"""``agentgym/Arithmetic-v0``: the search-vs-reason decision in miniature.
+
+Some questions are easy enough to answer directly (small operands); others have large operands
+where calling the ``calculator`` tool pays. A tool call costs a little (step-wise), a correct final
+answer pays at the end, and a well-formed final answer earns a small format term.
+
+Written only against the public ``agentgym`` API, as a user's own env would be.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any, Mapping
+
+import numpy as np
+
+from agentgym import AgentEnv, Reward, ToolSet, Transition, shaper
+from agentgym.parsing import first_tag, parse_tool_calls
+from agentgym.rewards import CallCost, InvalidActionPenalty, StepEvent
+from agentgym.envs.calculator import calculate, calculator
+
+__all__ = ["ArithmeticEnv", "numeric_equal", "SYSTEM_PROMPT"]
+
+SYSTEM_PROMPT = (
+    "You solve arithmetic questions. You may call a calculator tool by writing exactly\n"
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>\n'
+    "and you will get the result back. Calling the tool has a small cost, so answer easy questions "
+    "directly. Give the final answer as a plain integer inside <answer> and </answer>, "
+    "for example <answer>408</answer>."
+)
+
+_SPLIT_SEEDS = {"train": 0, "test": 1}
+
+
+def _parse_number(text: str | None) -> Fraction | None:
+    if text is None:
+        return None
+    t = text.strip().replace(",", "").replace(" ", "").rstrip(".")
+    try:
+        return Fraction(t)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def numeric_equal(prediction: str | None, gold: str) -> bool:
+    """Exact numeric equality (``1,234`` == ``1234``; signs matter, unlike text normalisation)."""
+    p, g = _parse_number(prediction), _parse_number(gold)
+    return p is not None and p == g
+
+
+@shaper("correct", terminal=True)
+def correct(event: StepEvent) -> float:
+    """1 if the final answer equals the gold number."""
+    return float(any(numeric_equal(event.final_answer, g) for g in event.gold))
+
+
+@shaper("format", terminal=True)
+def well_formed_answer(event: StepEvent) -> float:
+    """1 if the episode ended with <answer>N</answer> where N parses as a number."""
+    return float(event.action_type == "answer" and _parse_number(event.answer) is not None)
+
+
+class ArithmeticEnv(AgentEnv):
+    """Arithmetic QA with an optional calculator tool.
+
+    Args:
+        split: ``"train"`` or ``"test"`` — disjoint procedural task streams.
+        hard_fraction: share of questions with large operands.
+        tool_cost: weight of the per-call cost term (each call gives ``-tool_cost``).
+        max_turns: turns before the episode is truncated.
+        reward: a custom :class:`~agentgym.Reward` or a mapping of new weights for the default terms
+            (``correct`` 1.0, ``format`` 0.1, ``tool_cost`` 0.05, ``invalid`` 0.1).
+    """
+
+    stop_strings = ("</tool_call>", "</answer>")
+
+    def __init__(self, split: str = "train", hard_fraction: float = 0.5, tool_cost: float = 0.05,
+                 max_turns: int = 4, reward: Reward | Mapping[str, float] | None = None,
+                 render_mode: str | None = None):
+        if split not in _SPLIT_SEEDS:
+            raise ValueError(f"split must be one of {sorted(_SPLIT_SEEDS)}, got {split!r}")
+        if not 0.0 <= hard_fraction <= 1.0:
+            raise ValueError(f"hard_fraction must be in [0, 1], got {hard_fraction}")
+        self.split, self.hard_fraction, self.tool_cost = split, hard_fraction, tool_cost
+        self.tools = ToolSet([calculator], timeout_s=2.0)
+        super().__init__(reward=reward, max_turns=max_turns, render_mode=render_mode)
+
+    def default_reward(self) -> Reward:
+        return Reward([correct, (well_formed_answer, 0.1), (CallCost("tool_call", name="tool_cost"), self.tool_cost),
+                       (InvalidActionPenalty(), 0.1)])
+
+    def get_task(self, index: int) -> dict[str, Any]:
+        rng = np.random.default_rng([_SPLIT_SEEDS[self.split], index])
+        hard = bool(rng.random() < self.hard_fraction)
+        if hard:
+            a, b = int(rng.integers(1_000, 100_000)), int(rng.integers(100, 10_000))
+            op = str(rng.choice(["*", "+", "-", "*"]))
+        else:
+            a, b = int(rng.integers(1, 13)), int(rng.integers(1, 13))
+            op = str(rng.choice(["+", "-", "*"]))
+        expression = f"{a} {op} {b}"
+        value = calculate(expression)
+        return {"question": f"What is {expression}?", "expression": expression,
+                "answers": [str(value)], "difficulty": "hard" if hard else "easy"}
+
+    def initial_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task["question"]}]
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        return self.tools.specs()
+
+    def transition(self, action: str) -> Transition:
+        tag = first_tag(action, ("tool_call", "answer"))
+        if tag is None:
+            parsed = parse_tool_calls(action)  # an unclosed <tool_call> gets its own message
+            why = parsed.errors[0] if parsed.errors else "no <tool_call> or <answer> found"
+            return self.invalid(f"Invalid action: {why}. Call the calculator with <tool_call>{{...}}</tool_call> "
+                                "or give the final answer as <answer>NUMBER</answer>.")
+        if tag.tag == "answer":
+            return Transition([], "answer", parsed=tag, terminated=True, answer=tag.content)
+        parsed = parse_tool_calls(action[tag.start:tag.end])
+        if parsed.errors:
+            return self.invalid(f"Invalid tool call: {parsed.errors[0]}", parsed=parsed)
+        call = parsed.calls[0]
+        result = self.tools.call(call.name, call.arguments)
+        return Transition([result.as_message()], "tool_call", parsed=call,
+                          info={"tool": call.name, "tool_ok": result.ok})
+
+    def episode_success(self) -> bool:
+        answer = next((r.info.get("answer") for r in reversed(self._history) if "answer" in r.info), None)
+        return any(numeric_equal(answer, g) for g in self.task["answers"])
+
+    def episode_metrics(self) -> dict[str, Any]:
+        return {"difficulty": self.task.get("difficulty")}
+
+    def close(self) -> None:
+        self.tools.close()

@@ -1,0 +1,1 @@
+"""LLM policies (installed as ``agentgym.policies``)."""
