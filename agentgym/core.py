@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import gymnasium as gym
+import numpy as np
 
 from agentgym.rewards import Reward, StepEvent, StepRecord, exact_match
 from agentgym.spaces import Message, MessageList, UnicodeText
@@ -140,13 +141,18 @@ class AgentEnv(gym.Env[list, str]):
         if unknown:
             raise ValueError(f"unknown reset options {sorted(unknown)}; use 'task' or 'task_index'")
         if "task" in options:
+            if not isinstance(options["task"], Mapping):
+                raise ValueError(f"options['task'] must be a mapping, got {type(options['task']).__name__}")
             self.task_index = options.get("task_index")
             self.task = dict(options["task"])
         else:
             if "task_index" in options:
-                index = int(options["task_index"])
-                if self.num_tasks is not None and not 0 <= index < self.num_tasks:
-                    raise IndexError(f"task_index {index} out of range [0, {self.num_tasks})")
+                index = options["task_index"]
+                if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+                    raise ValueError(f"options['task_index'] must be an int, got {index!r}")
+                index = int(index)
+                if index < 0 or (self.num_tasks is not None and index >= self.num_tasks):
+                    raise ValueError(f"task_index {index} out of range [0, {'inf' if self.num_tasks is None else self.num_tasks})")
             else:
                 high = self.num_tasks if self.num_tasks is not None else 2**31 - 1
                 if high <= 0:

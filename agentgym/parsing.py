@@ -155,6 +155,9 @@ def parse_tool_calls(text: str, open_tag: str = "<tool_call>", close_tag: str = 
             except json.JSONDecodeError as e:
                 errors.append(f"\"arguments\" of {name!r} is a string that is not valid JSON: {e.msg}")
                 continue
+            except RecursionError:
+                errors.append(f"\"arguments\" of {name!r} is a string that is not valid JSON: nested too deeply")
+                continue
         if args is None:
             args = {}
         if not isinstance(args, dict):

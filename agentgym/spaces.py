@@ -96,6 +96,8 @@ class MessageList(Space[list]):
         self.max_messages = int(max_messages)
         self._content = UnicodeText(max_length=max_content_length)
         super().__init__(shape=None, dtype=None, seed=seed)
+        if isinstance(seed, np.random.Generator):  # Space.__init__ adopts a Generator without calling seed()
+            self._content.seed(int(self.np_random.integers(2**31)))
 
     @property
     def is_np_flattenable(self) -> bool:

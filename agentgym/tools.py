@@ -33,9 +33,17 @@ def _schema_for(tp: Any) -> dict[str, Any]:
         return {"enum": values}
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return _schema_for(args[0])
-        return {"anyOf": [_schema_for(a) for a in args]}
+        out = _schema_for(args[0]) if len(args) == 1 else {"anyOf": [_schema_for(a) for a in args]}
+        if len(args) < len(typing.get_args(tp)):  # Optional[T]: null is a valid value, as None is in Python
+            if isinstance(out.get("type"), str):
+                out["type"] = [out["type"], "null"]
+            elif "enum" in out:
+                out["enum"] = [*out["enum"], None]
+            elif "anyOf" in out:
+                out["anyOf"] = [*out["anyOf"], {"type": "null"}]
+            elif out:  # an unconstrained schema ({}) already admits null
+                out = {"anyOf": [out, {"type": "null"}]}
+        return out
     if origin in (list, Sequence, tuple):
         args = typing.get_args(tp)
         out: dict[str, Any] = {"type": "array"}

