@@ -105,7 +105,7 @@ def fuzz_env(env_id: str, actions: list[str] | None = None, n: int = 200, seed: 
 def run_check_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> str | None:
     """Gymnasium's ``check_env`` on the unwrapped env; returns the error text or None."""
     from gymnasium.utils.env_checker import check_env
-    env = gym.make(env_id, **(env_kwargs or {}))
+    env = gym.make(env_id, **(env_kwargs or {}))  # a bad id / kwargs is the caller's error: raise
     try:
         check_env(env.unwrapped, skip_render_check=False)
     except Exception:

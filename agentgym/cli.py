@@ -112,6 +112,101 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if err is None and report.ok else 1
 
 
+def load_policy(spec: str, env_id: str | None = None, *, device: str | None = None) -> Any:
+    """Policy from a CLI spec.
+
+    ``smollm2`` (default; PyPI-shipped SmolLM2-135M-Instruct) · a local model directory, ``.gguf``
+    file or hub id · ``tiny-random`` (2-layer random Llama, for smoke tests) · ``oracle`` (the env's
+    scripted reference policy, using privileged task info) · ``openai:MODEL@BASE_URL`` (a hosted
+    OpenAI-compatible chat endpoint; evaluation only).
+    """
+    if spec.startswith("openai:"):
+        from agentgym.policies.openai_policy import OpenAIChatPolicy
+        model, sep, url = spec[len("openai:"):].partition("@")
+        if not sep or not model or not url:
+            raise SystemExit("error: use --policy openai:MODEL@BASE_URL (e.g. openai:qwen@http://127.0.0.1:8000/v1)")
+        return OpenAIChatPolicy(base_url=url, model=model)
+    from agentgym.policies.models import load_tokenizer
+    from agentgym.policies.scripted import ScriptedPolicy
+    from agentgym.policies.transformers_policy import TransformersPolicy
+    if spec == "oracle":
+        import agentgym
+        if env_id is None:
+            raise SystemExit("error: the oracle policy needs an env")
+        env = agentgym.make(env_id)
+        oracle = getattr(env.unwrapped, "oracle", None)
+        env.close()
+        if oracle is None:
+            raise SystemExit(f"error: {env_id} defines no oracle")
+        return ScriptedPolicy(load_tokenizer(), oracle)
+    if spec == "tiny-random":
+        return TransformersPolicy.tiny_random()
+    try:
+        return TransformersPolicy.from_pretrained(spec, device=device)
+    except FileNotFoundError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def _print_metrics(metrics: dict[str, float], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in metrics.items():
+        table.add_row(k, f"{v:.4g}")
+    Console().print(table)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    import agentgym
+    from agentgym.policy import SamplingParams
+    from agentgym.registry import full_id
+    from agentgym.rollout import RolloutConfig, RolloutEngine, summarize
+    env_id = full_id(args.env_id)
+    if env_id not in agentgym.list_envs():
+        raise SystemExit(f"error: no env {env_id!r}; registered: {', '.join(agentgym.list_envs())}")
+    policy = load_policy(args.policy, env_id, device=args.device)
+    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              top_p=args.top_p, greedy=args.greedy, seed=args.seed)
+    engine = RolloutEngine(policy, RolloutConfig(sampling=sampling, style=args.style,
+                                                 max_obs_tokens=args.max_obs_tokens,
+                                                 max_context_tokens=args.max_context_tokens,
+                                                 debug_checks=args.debug_checks))
+    env_kwargs = _parse_kv(args.env_kwarg)
+    trajectories, timing = [], {}
+    total = args.episodes * args.group_size
+    groups_per_call = max(1, args.batch_size // args.group_size)
+    with tqdm(total=total, desc=f"eval {env_id}", unit="ep") as bar:
+        for start in range(0, args.episodes, groups_per_call):
+            k = min(groups_per_call, args.episodes - start)
+            indices = [args.first_task + start + i for i in range(k)] if args.first_task is not None else None
+            batch = engine.collect(env_id, num_groups=k, group_size=args.group_size, task_indices=indices,
+                                   seed=args.seed + start, env_kwargs=env_kwargs)
+            trajectories.extend(batch.trajectories)
+            for key, v in batch.metrics.items():
+                if key.startswith("time/") and key.endswith("_s"):
+                    timing[key] = timing.get(key, 0.0) + v
+            bar.update(len(batch.trajectories))
+            bar.set_postfix(success=f"{summarize(trajectories)['success_rate']:.2f}")
+    engine.close()
+    metrics = {**summarize(trajectories), **timing}
+    _print_metrics(metrics, f"{env_id} · policy {args.policy} · {len(trajectories)} episodes")
+    if args.json:
+        from pathlib import Path
+        Path(args.json).write_text(json.dumps({"env": env_id, "policy": args.policy, "metrics": metrics,
+                                               "trajectories": [t.to_dict() for t in trajectories]}, indent=1))
+        print(f"wrote {args.json}")
+    if args.html:
+        from agentgym.report import write_html_report
+        path = write_html_report(args.html, trajectories, tokenizer=getattr(policy, "tokenizer", None),
+                                 metrics=metrics, title=f"{env_id} · {args.policy}")
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgym", description="Gymnasium environments and RL learners for LLM agents.")
     parser.add_argument("--import", dest="imports", action="append", metavar="MODULE",
@@ -134,14 +229,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("eval", help="run episodes with a policy and report metrics")
+    p.add_argument("env_id")
+    p.add_argument("--policy", default="smollm2", help="smollm2 | MODEL_DIR | FILE.gguf | HUB_ID | tiny-random | oracle | openai:MODEL@URL")
+    p.add_argument("--episodes", type=int, default=16, help="number of tasks (groups)")
+    p.add_argument("--group-size", type=int, default=1, help="episodes per task")
+    p.add_argument("--batch-size", type=int, default=16, help="episodes collected together (one generate call per turn)")
+    p.add_argument("--first-task", type=int, default=None, help="evaluate tasks first-task, first-task+1, … (default: seeded random)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--greedy", action="store_true")
+    p.add_argument("--style", choices=["chat", "continuation"], default=None, help="default: the env's")
+    p.add_argument("--max-obs-tokens", type=int, default=512)
+    p.add_argument("--max-context-tokens", type=int, default=4096)
+    p.add_argument("--device", default=None)
+    p.add_argument("--debug-checks", action="store_true", help="assert token-faithfulness invariants")
+    p.add_argument("--html", default=None, metavar="FILE", help="write the HTML trajectory report")
+    p.add_argument("--json", default=None, metavar="FILE", help="write metrics and trajectories as JSON")
+    p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_eval)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import gymnasium as gym
     parser = build_parser()
     args = parser.parse_args(argv)
-    _load_plugins(args.imports)
-    return int(args.func(args) or 0)
+    try:
+        _load_plugins(args.imports)
+    except ImportError as e:
+        print(f"error: --import failed: {e}", file=sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (gym.error.Error, ValueError, TypeError, IndexError, FileNotFoundError) as e:
+        # Operator mistakes (unknown env id, bad env kwargs, bad config) get one line, not a traceback.
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

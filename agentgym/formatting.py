@@ -112,12 +112,27 @@ class ChatFormatter(Formatter):
     def prompt_ids(self, messages, tools=None):
         return self.encode(self._render(messages, tools, generation_prompt=True))
 
+    def _sampled_closing_chars(self, generation_ids: Sequence[int], closing: str) -> int:
+        """How many characters of ``closing`` the policy already sampled as tokens (e.g. its EOS).
+
+        Matched on token ids, and only when the generation ends with a special token: a reply whose
+        *text* merely ends like the closing (``"... <"``) must still get the whole closing, or the
+        end-of-turn token would be spelled out as plain-text pieces.
+        """
+        gen = list(generation_ids)
+        if not gen or gen[-1] not in set(getattr(self.tokenizer, "all_special_ids", ())):
+            return 0
+        closing_ids = self.encode(closing)
+        for k in range(min(len(gen), len(closing_ids)), 0, -1):
+            if gen[-k:] == closing_ids[:k]:
+                done = self.tokenizer.decode(closing_ids[:k], skip_special_tokens=False)
+                if closing.startswith(done):
+                    return len(done)
+        return 0
+
     def observation_ids(self, generation_ids, messages, tools=None):
         closing = self.assistant_closing(tools)
-        sampled = self.tokenizer.decode(list(generation_ids[-8:]), skip_special_tokens=False)
-        # The longest prefix of the closing that the policy already sampled (e.g. its EOS token).
-        overlap = next((k for k in range(len(closing), 0, -1) if sampled.endswith(closing[:k])), 0)
-        glue = closing[overlap:]
+        glue = closing[self._sampled_closing_chars(generation_ids, closing):]
         base = _REFERENCE + [{"role": "assistant", "content": _SENTINEL}]
         new_text = self._delta(base, messages, tools)
         return self.encode(glue + new_text)

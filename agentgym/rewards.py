@@ -151,6 +151,10 @@ class Reward:
         """A copy with some weights changed (``reward.with_weights(f1=0.5)``)."""
         return Reward({n: s for n, s, _ in self.terms}, {**self.weights, **weights})
 
+    def with_terms(self, *shapers: RewardShaper | tuple[RewardShaper, float]) -> "Reward":
+        """A copy with more terms (``reward.with_terms((brevity, 0.2))``)."""
+        return Reward([(s, w) for _, s, w in self.terms] + list(shapers))
+
     def __call__(self, event: StepEvent) -> tuple[float, dict[str, float]]:
         terms = {n: w * float(s(event)) if w else 0.0 for n, s, w in self.terms}
         return float(sum(terms.values())), terms

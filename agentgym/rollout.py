@@ -30,7 +30,8 @@ class RolloutConfig:
     Attributes:
         sampling: sampling parameters; the env's ``stop_strings`` are added to ``sampling.stop``.
         style: ``chat`` or ``continuation``; ``None`` = the env's ``observation_style``.
-        max_obs_tokens: per-step observation budget (longer observations are cut, visibly).
+        max_obs_tokens: per-step observation budget (longer observations are cut, visibly); the task
+            prompt (the reset observation) is not cut.
         max_context_tokens: an episode whose next turn would not fit ends as truncated.
         env_workers: threads stepping envs concurrently.
         debug_checks: assert the token-faithfulness invariants after every episode.
@@ -181,7 +182,7 @@ class RolloutEngine:
                 builder = None
                 if formatter is not None:
                     t0 = time.perf_counter()
-                    obs, _ = formatter.truncate(obs)
+                    # the task prompt is never cut (max_context_tokens bounds it); only step observations are
                     builder = TrajectoryBuilder(formatter.prompt_ids(obs, tools), obs)
                     timing["format_s"] += time.perf_counter() - t0
                 ep = _Episode(slot, e, builder, task, info.get("task_index"), g if group_size > 1 else None)
@@ -204,11 +205,12 @@ class RolloutEngine:
                 active = fits
                 if not active:
                     continue
-                prompts = [ep.builder.token_ids for ep in active]
+                # copies: a policy (or a script keeping its context) must not alias the growing trajectory
+                prompts = [list(ep.builder.token_ids) for ep in active]
                 t0 = time.perf_counter()
                 if getattr(self.policy, "wants_context", False):
-                    ctx = [{"turn": ep.turn, "messages": list(ep.messages), "task": ep.task, "prompt_ids": ep.builder.token_ids}
-                           for ep in active]
+                    ctx = [{"turn": ep.turn, "messages": list(ep.messages), "task": ep.task, "prompt_ids": p}
+                           for ep, p in zip(active, prompts)]
                     gens = self.policy.generate(prompts, sampling, contexts=ctx)
                 else:
                     gens = self.policy.generate(prompts, sampling)

@@ -133,5 +133,14 @@ class ArithmeticEnv(AgentEnv):
     def episode_metrics(self) -> dict[str, Any]:
         return {"difficulty": self.task.get("difficulty")}
 
+    @staticmethod
+    def oracle(context: Mapping[str, Any]) -> str:
+        """Reference behaviour from privileged task info: calculator for hard questions, then answer."""
+        task = context["task"]
+        if context.get("turn", 0) == 0 and task["difficulty"] == "hard":
+            return ('<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
+                    % task["expression"])
+        return f"<answer>{task['answers'][0]}</answer>"
+
     def close(self) -> None:
         self.tools.close()

@@ -44,9 +44,9 @@ class ScriptedPolicy:
             ctx.setdefault("prompt_ids", list(p))
             full = list(self.tokenizer.encode(self.reply(ctx), add_special_tokens=False))
             ids = full[: sampling.max_new_tokens]
-            if len(ids) < len(full):
-                reason = "length"
-            elif self.add_eos and len(ids) < sampling.max_new_tokens:
+            if len(ids) < len(full) or (self.add_eos and len(ids) == sampling.max_new_tokens):
+                reason = "length"  # the budget ran out before the reply (or its EOS) was complete
+            elif self.add_eos:
                 ids.append(self.tokenizer.eos_token_id)
                 reason = "eos"
             else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+from transformers import StopStringCriteria, StoppingCriteriaList
 
 from agentgym.policy import Generation, SamplingParams, cut_at_stop
 
@@ -39,6 +40,9 @@ class TransformersPolicy:
         elif isinstance(gen_eos, (list, tuple)):
             eos.update(gen_eos)
         self.eos_ids = sorted(e for e in eos if e is not None)
+        # StopStringCriteria preprocesses the whole vocabulary (~1 s for 49k tokens) and transformers'
+        # own cache misses (its key is the vocab dict's order, which varies): build one per stop tuple.
+        self._stop_criteria: dict[tuple[str, ...], Any] = {}
 
     @classmethod
     def from_pretrained(cls, name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: Any = None,
@@ -55,6 +59,11 @@ class TransformersPolicy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def _stop_criterion(self, stop: tuple[str, ...]) -> StopStringCriteria:
+        if stop not in self._stop_criteria:
+            self._stop_criteria[stop] = StopStringCriteria(self.tokenizer, list(stop))
+        return self._stop_criteria[stop]
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
@@ -87,7 +96,7 @@ class TransformersPolicy:
         else:
             kwargs.update(do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or None)
         if sp.stop:
-            kwargs.update(stop_strings=list(sp.stop), tokenizer=self.tokenizer)
+            kwargs["stopping_criteria"] = StoppingCriteriaList([self._stop_criterion(tuple(sp.stop))])
         was_training = self.model.training
         self.model.eval()
         try:

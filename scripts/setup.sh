@@ -11,6 +11,19 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
+# System packages the tests use: chromium (renders the HTML trajectory report headless).
+APT_PACKAGES="chromium"
+missing=""
+for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] apt-get install:$missing"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+  else
+    echo "[setup] note: system packages missing:$missing (install them as root for the full test suite)"
+  fi
+fi
+
 if "$PY" -c "import torch" 2>/dev/null; then
   echo "[setup] torch $("$PY" -c 'import torch; print(torch.__version__)') already installed; leaving it alone"
 elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

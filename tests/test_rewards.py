@@ -295,37 +295,59 @@ def test_reward_repr():
 
 
 # --------------------------------------------------------------------------- README example
-# A new shaper in a few lines, plugged into an env with reward=. (Keep this in sync with the README.)
-@shaper("politeness", terminal=True)
-def politeness(event):
-    """1 if the final answer says please."""
-    return 1.0 if "please" in event.action.lower() else 0.0
+# The README's new shaper, verbatim: a few lines, plugged into an env with reward=.
+@shaper("brevity", terminal=True)            # terminal: 0 until the last step
+def brevity(event):
+    """Reward short final answers."""
+    words = len((event.final_answer or "").split())
+    return 1.0 if 0 < words <= 3 else 0.0
 
 
-def test_readme_style_shaper_plugged_into_env():
-    assert len(inspect.getsource(politeness.fn).splitlines()) <= 15
-    reward = Reward([ExactMatch(), (politeness, 0.5)])
-    env = gym.make("agentgym/Arithmetic-v0", reward=reward)
+def test_readme_shaper_plugged_into_env():
+    from agentgym.envs.arithmetic import ArithmeticEnv
+
+    assert len(inspect.getsource(brevity.fn).splitlines()) <= 15
+    env = agentgym.make("Arithmetic-v0", reward=ArithmeticEnv().default_reward().with_terms((brevity, 0.2)))
+    assert env.unwrapped.reward.names == ["correct", "format", "tool_cost", "invalid", "brevity"]
     obs, info = env.reset(seed=0)
     gold = info["privileged"]["task"]["answers"][0]
 
-    obs, r, terminated, truncated, info = env.step("let me think")  # invalid: not terminal yet
-    assert info["reward_terms"] == {"exact_match": 0.0, "politeness": 0.0}
-    assert r == 0.0 and not terminated
+    obs, r, terminated, truncated, info = env.step(f"<answer>{gold}")  # invalid: not terminal yet
+    assert info["reward_terms"]["brevity"] == 0.0 and not terminated
 
-    obs, r, terminated, truncated, info = env.step(f"Please accept <answer>{gold}</answer>")
+    obs, r, terminated, truncated, info = env.step(f"<answer>{gold}</answer>")
     assert terminated and not truncated
+    assert info["reward_terms"] == {"correct": 1.0, "format": pytest.approx(0.1), "tool_cost": 0.0, "invalid": 0.0,
+                                    "brevity": pytest.approx(0.2)}
+    assert r == pytest.approx(1.0 + 0.1 + 0.2)
+    assert info["episode_summary"]["reward_terms"]["brevity"] == pytest.approx(0.2)
+    assert info["episode_summary"]["return"] == pytest.approx(1.0 + 0.1 + 0.2 - 0.1)
+
+    # a long final answer earns no brevity bonus
+    env.reset(seed=0)
+    *_, info = env.step(f"<answer>it is {gold} exactly</answer>")
+    assert info["reward_terms"]["brevity"] == 0.0
+
+
+def test_shaper_in_a_fresh_reward_via_gymnasium_make():
+    @shaper("politeness", terminal=True)
+    def politeness(event):
+        return 1.0 if "please" in event.action.lower() else 0.0
+
+    env = gym.make("agentgym/Arithmetic-v0", reward=Reward([ExactMatch(), (politeness, 0.5)]))
+    obs, info = env.reset(seed=0)
+    gold = info["privileged"]["task"]["answers"][0]
+    obs, r, terminated, truncated, info = env.step("let me think")
+    assert info["reward_terms"] == {"exact_match": 0.0, "politeness": 0.0} and r == 0.0
+    obs, r, terminated, truncated, info = env.step(f"Please accept <answer>{gold}</answer>")
+    assert terminated
     assert info["reward_terms"] == {"exact_match": 1.0, "politeness": 0.5}
     assert r == 1.5
-    assert info["episode_summary"]["reward_terms"] == {"exact_match": 1.0, "politeness": 0.5}
     env.close()
 
-    # the same shaper via agentgym.make, added to the env's own default terms
-    env = agentgym.make("Arithmetic-v0")
-    default = env.unwrapped.reward
-    env = agentgym.make("Arithmetic-v0", reward=Reward([*((s, w) for _, s, w in default.terms), (politeness, 2.0)]))
-    obs, info = env.reset(seed=0)
-    obs, r, terminated, truncated, info = env.step(f"please <answer>{gold}</answer>")
-    assert info["reward_terms"] == {"correct": 1.0, "format": 0.1, "tool_cost": 0.0, "invalid": 0.0, "politeness": 2.0}
-    assert r == pytest.approx(3.1)
-    env.close()
+
+def test_with_terms_appends_and_keeps_names_unique():
+    r = Reward([ExactMatch()]).with_terms((CallCost("search"), 0.1), InvalidActionPenalty())
+    assert r.weights == {"exact_match": 1.0, "call_cost": 0.1, "invalid": 1.0}
+    with pytest.raises(ValueError, match="duplicate"):
+        r.with_terms(ExactMatch())

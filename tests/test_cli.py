@@ -1,0 +1,180 @@
+"""The ``agentgym`` command line, run in a subprocess like a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import agentgym  # noqa: F401  (registers the built-in envs for the in-process gold lookups)
+
+PLUGIN = textwrap.dedent('''
+    """A user's own envs, registered the README way."""
+    import agentgym
+    from agentgym import AgentEnv, Reward, Transition
+    from agentgym.parsing import first_tag
+    from agentgym.rewards import ExactMatch, InvalidActionPenalty
+
+
+    class EchoEnv(AgentEnv):
+        num_tasks = 2
+        WORDS = ("alpha", "beta")
+
+        def get_task(self, index):
+            return {"word": self.WORDS[index], "answers": [self.WORDS[index]]}
+
+        def initial_messages(self, task):
+            return [{"role": "user", "content": f"Say {task['word']} inside <answer></answer>."}]
+
+        def transition(self, action):
+            tag = first_tag(action, ("answer",))
+            if tag is None:
+                return self.invalid("Reply with <answer>WORD</answer>.")
+            return Transition([], "answer", parsed=tag, terminated=True, answer=tag.content)
+
+        def default_reward(self):
+            return Reward([ExactMatch(), (InvalidActionPenalty(), 0.1)])
+
+
+    class BrokenEnv(EchoEnv):
+        def transition(self, action):
+            if "<" in action:
+                raise RuntimeError("cannot handle markup")
+            return super().transition(action)
+
+
+    agentgym.register("Echo-v0", entry_point=EchoEnv)
+    agentgym.register("Broken-v0", entry_point=BrokenEnv)
+''')
+
+
+def run_cli(*args: str, stdin: str = "", pythonpath: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "agentgym.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture
+def plugin_dir(tmp_path):
+    (tmp_path / "my_agentgym_plugin.py").write_text(PLUGIN)
+    return tmp_path
+
+
+def gold_for_seed(seed: int) -> dict:
+    env = gym.make("agentgym/Arithmetic-v0")
+    _, info = env.reset(seed=seed)
+    return info["privileged"]["task"]
+
+
+def test_list_shows_arithmetic():
+    out = run_cli("list")
+    assert out.returncode == 0, out.stderr
+    line = next(l for l in out.stdout.splitlines() if l.startswith("agentgym/Arithmetic-v0"))
+    assert line.split() == ["agentgym/Arithmetic-v0", "agentgym.envs.arithmetic:ArithmeticEnv"]
+    assert "Echo-v0" not in out.stdout
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("agentgym") or str(Path(sys.executable).with_name("agentgym"))
+    assert Path(exe).exists(), "the agentgym console script is not installed"
+    out = subprocess.run([exe, "list"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "agentgym/Arithmetic-v0" in out.stdout
+
+
+def test_check_passes():
+    out = run_cli("check", "agentgym/Arithmetic-v0", "--actions", "200")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "check_env: passed" in out.stdout
+    assert re.search(r"agentgym/Arithmetic-v0: 200 fuzzed actions over \d+ episodes: OK", out.stdout), out.stdout
+
+
+def test_check_with_env_kwargs_and_short_id():
+    out = run_cli("check", "Arithmetic-v0", "--actions", "50", "-e", "max_turns=2", "-e", "split=test")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "50 fuzzed actions" in out.stdout
+
+
+def test_play_through_stdin():
+    task = gold_for_seed(0)
+    call = json.dumps({"name": "calculator", "arguments": {"expression": task["expression"]}})
+    stdin = f"<tool_call>{call}</tool_call>\n\nThe result:\n<answer>{task['answers'][0]}</answer>\n\n"
+    out = run_cli("play", "Arithmetic-v0", "--seed", "0", stdin=stdin)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert task["question"] in text
+    assert re.search(r"turn 1: tool_call,\s+reward\s+-0\.050", text), text
+    assert re.search(r"turn 2: answer,\s+reward\s+\+1\.100", text), text
+    assert re.search(r"tool_cost\s+│\s+-0\.050", text)
+    assert re.search(r"correct\s+│\s+\+1\.000", text)
+    assert re.search(r"format\s+│\s+\+0\.100", text)
+    assert "episode over (terminated): success=True return=+1.050 turns=2" in text
+
+
+def test_play_invalid_action_then_eof():
+    out = run_cli("play", "Arithmetic-v0", "--seed", "1", stdin="just words\n\n")
+    assert out.returncode == 0, out.stderr
+    assert "Invalid action: no <tool_call> or <answer> found." in out.stdout
+    assert re.search(r"invalid\s+│\s+-0\.100", out.stdout)
+    assert out.stdout.rstrip().endswith("bye")
+    assert "episode over" not in out.stdout
+
+
+def test_play_truncated_episode():
+    out = run_cli("play", "Arithmetic-v0", "--seed", "2", "-e", "max_turns=1", stdin="no idea\n\n")
+    assert out.returncode == 0, out.stderr
+    assert "episode over (truncated): success=False return=-0.100 turns=1" in out.stdout
+
+
+def test_import_makes_user_env_listable(plugin_dir):
+    out = run_cli("--import", "my_agentgym_plugin", "list", pythonpath=plugin_dir)
+    assert out.returncode == 0, out.stderr
+    listed = [l.split()[0] for l in out.stdout.splitlines() if l.strip()]
+    assert {"agentgym/Arithmetic-v0", "agentgym/Echo-v0", "agentgym/Broken-v0"} <= set(listed)
+    assert re.search(r"agentgym/Echo-v0\s+EchoEnv", out.stdout)
+
+
+def test_import_makes_user_env_playable(plugin_dir):
+    # first run: look at the task for seed 0, try an invalid action, then quit with EOF
+    out = run_cli("--import", "my_agentgym_plugin", "play", "Echo-v0", "--seed", "0", stdin="hmm\n\n",
+                  pythonpath=plugin_dir)
+    assert out.returncode == 0, out.stderr
+    assert "Reply with <answer>WORD</answer>." in out.stdout
+    assert re.search(r"invalid\s+│\s+-0\.100", out.stdout)
+    word = re.search(r"Say (alpha|beta) inside", out.stdout).group(1)
+    # second run, same seed: answer it
+    out = run_cli("--import", "my_agentgym_plugin", "play", "Echo-v0", "--seed", "0",
+                  stdin=f"<answer>{word}</answer>\n\n", pythonpath=plugin_dir)
+    assert out.returncode == 0, out.stderr
+    assert f"Say {word} inside" in out.stdout
+    assert re.search(r"exact_match\s+│\s+\+1\.000", out.stdout)
+    assert "episode over (terminated): success=True return=+1.000 turns=1" in out.stdout
+
+
+def test_import_user_env_check_and_failure_exit_code(plugin_dir):
+    out = run_cli("--import", "my_agentgym_plugin", "check", "agentgym/Echo-v0", "--actions", "100",
+                  pythonpath=plugin_dir)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "check_env: passed" in out.stdout and "100 fuzzed actions" in out.stdout and ": OK" in out.stdout
+    out = run_cli("--import", "my_agentgym_plugin", "check", "Broken-v0", "--actions", "100", pythonpath=plugin_dir)
+    assert out.returncode == 1
+    assert "FAILURES" in out.stdout and "cannot handle markup" in out.stdout
+
+
+def test_unknown_env_and_missing_command():
+    out = run_cli("play", "NoSuch-v0", stdin="")
+    assert out.returncode != 0
+    assert "NoSuch-v0" in out.stderr and "Arithmetic-v0" in out.stderr
+    out = run_cli()
+    assert out.returncode == 2
+    assert "usage: agentgym" in out.stderr
