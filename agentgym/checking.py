@@ -54,14 +54,16 @@ class FuzzReport:
 
 
 def check_invalid_step(obs: Any, info: dict[str, Any]) -> str | None:
-    """If the step was judged invalid, it must say why and carry a negative term; else a problem."""
+    """If the step was judged invalid, it must say why and carry a negative penalty term (raw value:
+    a paper-faithful default may weight the penalty 0, but the term must fire); else a problem."""
     if info.get("action_type") != "invalid":
         return None
     text = " ".join(m.get("content", "") for m in obs) if isinstance(obs, list) else str(obs)
     if not text.strip():
         return "invalid action produced an empty observation"
-    if not any(v < 0 for v in info.get("reward_terms", {}).values()):
-        return f"invalid action carried no negative reward term: {info.get('reward_terms')}"
+    terms = info.get("raw_reward_terms", info.get("reward_terms", {}))
+    if not any(v < 0 for v in terms.values()):
+        return f"invalid action carried no negative reward term: {terms}"
     return None
 
 

@@ -207,6 +207,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from agentgym.algorithms.trainer import TrainConfig, Trainer
+    from agentgym.config import load_config
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    print(f"[train] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.steps} steps x "
+          f"{cfg.groups_per_step}x{cfg.group_size} episodes -> {cfg.output_dir}")
+    result = Trainer(cfg).train(resume=args.resume)
+    b, a = result["before"], result["after"]
+    _print_metrics({"success before": b["eval/success_rate"], "success after": a["eval/success_rate"],
+                    "reward before": b["eval/reward_mean"], "reward after": a["eval/reward_mean"]},
+                   f"greedy eval on {cfg.eval.episodes} held-out tasks")
+    print(f"wrote {cfg.output_dir}/curves.png, train_log.csv, eval_trajectories.html, config.yaml")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgym", description="Gymnasium environments and RL learners for LLM agents.")
     parser.add_argument("--import", dest="imports", action="append", metavar="MODULE",
@@ -251,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="write metrics and trajectories as JSON")
     p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("train", help="train a policy with REINFORCE / PPO / GRPO (defaults: a short CPU run)")
+    p.add_argument("--config", default=None, help="YAML file with TrainConfig fields")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in output_dir")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. algo=ppo learner.lr=1e-5 steps=20")
+    p.set_defaults(func=cmd_train)
     return parser
 
 

@@ -49,7 +49,8 @@ class AgentEnv(gym.Env[list, str]):
     Subclasses implement :meth:`get_task`, :meth:`initial_messages`, :meth:`transition` and
     :meth:`default_reward`, and set :attr:`num_tasks` (``None`` = procedurally unbounded).
 
-    ``info`` keys: ``reward_terms`` (weighted term values, summing to the reward), ``action_type``,
+    ``info`` keys: ``reward_terms`` (weighted term values, summing to the reward), ``raw_reward_terms``
+    (unweighted values, also of weight-0 terms), ``action_type``,
     ``turn``, and on the last step ``episode_summary`` (success, turns, tool calls, term totals, …).
     The summary is not under ``info["episode"]``: Gymnasium's ``RecordEpisodeStatistics`` owns that
     key and asserts it is absent, and our envs must work with Gymnasium's wrappers unchanged. Privileged (hidden-state) data appears only under
@@ -190,14 +191,14 @@ class AgentEnv(gym.Env[list, str]):
         event = StepEvent(task=self.task, action=action, action_type=tr.action_type, parsed=tr.parsed,
                           observation=tr.messages, turn=self.turn - 1, history=tuple(self._history),
                           done=done, truncated=truncated, answer=tr.answer, info=info)
-        reward, terms = self.reward(event)
+        reward, terms, raw_terms = self.reward.evaluate(event)
         self._history.append(StepRecord(self.turn - 1, action, tr.action_type, tr.parsed, info))
         for k, v in terms.items():
             self._term_totals[k] = self._term_totals.get(k, 0.0) + v
         self._return += reward
         self.messages.append({"role": "assistant", "content": action})
         self.messages.extend(copy.deepcopy(tr.messages))
-        info.update(reward_terms=terms, action_type=tr.action_type, turn=self.turn)
+        info.update(reward_terms=terms, raw_reward_terms=raw_terms, action_type=tr.action_type, turn=self.turn)
         if done:
             self._done = True
             info["episode_summary"] = self._episode_summary(terminated, truncated)

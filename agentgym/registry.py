@@ -20,6 +20,7 @@ _REGISTER_OPTIONS = {"reward_threshold", "nondeterministic", "max_episode_steps"
 # id -> entry point of the envs shipped with agentgym
 BUILTIN_ENVS: dict[str, str] = {
     "Arithmetic-v0": "agentgym.envs.arithmetic:ArithmeticEnv",
+    "SearchQA-v0": "agentgym.envs.searchqa.env:SearchQAEnv",
 }
 
 

@@ -155,9 +155,16 @@ class Reward:
         """A copy with more terms (``reward.with_terms((brevity, 0.2))``)."""
         return Reward([(s, w) for _, s, w in self.terms] + list(shapers))
 
+    def evaluate(self, event: StepEvent) -> tuple[float, dict[str, float], dict[str, float]]:
+        """``(reward, weighted terms, raw terms)``. Raw values are reported even for weight-0
+        terms, so an opt-in term (or a penalty switched off to reproduce a paper) stays visible."""
+        raw = {n: float(s(event)) for n, s, _ in self.terms}
+        weighted = {n: w * raw[n] if w else 0.0 for n, _, w in self.terms}
+        return float(sum(weighted.values())), weighted, raw
+
     def __call__(self, event: StepEvent) -> tuple[float, dict[str, float]]:
-        terms = {n: w * float(s(event)) if w else 0.0 for n, s, w in self.terms}
-        return float(sum(terms.values())), terms
+        total, weighted, _ = self.evaluate(event)
+        return total, weighted
 
     def __repr__(self) -> str:
         return "Reward(" + ", ".join(f"{n}×{w:g}" for n, _, w in self.terms) + ")"

@@ -1,0 +1,135 @@
+"""One batch format for every learner: trajectories collated into right-padded ``(B, T)`` tensors.
+
+All per-token tensors use the token-position alignment of :mod:`agentgym.algorithms.losses`
+(entry ``t`` is about token ``t``). Learners fill ``advantages``/``returns`` (and, when needed,
+``ref_logprobs``/``old_values``) after collating; :meth:`Batch.micro_batches` then cuts the batch
+for gradient accumulation, each piece trimmed to its own longest sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Iterator, Sequence
+
+import torch
+
+from agentgym.trajectory import Trajectory
+
+__all__ = ["Batch", "collate", "pad_token_lists"]
+
+
+def pad_token_lists(rows: Sequence[Sequence[float]], width: int | None = None, *, value: float = 0.0,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Right-pad lists of per-token numbers into a ``(len(rows), width)`` tensor."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, : len(r)] = torch.as_tensor(list(r), dtype=dtype)
+    return out
+
+
+@dataclass
+class Batch:
+    """Right-padded token tensors of ``B`` trajectories (``T`` = the longest).
+
+    Attributes:
+        input_ids: token ids, padded with ``pad_id``.
+        attention_mask: 1 on real tokens.
+        position_ids: 0, 1, … along each sequence (right padding: the same positions as at sampling).
+        loss_mask: 1 on policy-sampled tokens (the trajectory's ``loss_mask``).
+        response_mask: 1 on every token after the prompt (policy and environment tokens).
+        old_logprobs: sampling-time log-probs (0 off the policy tokens).
+        token_rewards: each step reward on its turn's last policy token.
+        advantages, returns: per-token targets, filled by the learner.
+        ref_logprobs, old_values: reference-model log-probs and value estimates at collection
+            (filled by learners that use them; zeros otherwise).
+        seq_ids: index of each row in the list of trajectories given to :func:`collate`.
+        group_ids: the trajectories' group ids (-1 for none).
+        lengths: real length of each row.
+        prompt_lengths: length of each row's initial prompt.
+    """
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    response_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    token_rewards: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    ref_logprobs: torch.Tensor
+    old_values: torch.Tensor
+    seq_ids: torch.Tensor
+    group_ids: torch.Tensor
+    lengths: torch.Tensor
+    prompt_lengths: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def logits_offset(self) -> int:
+        """First position whose logits predict a non-prompt token (``min prompt length - 1``): a
+        forward pass needs no logits before it (``logits_to_keep = width - logits_offset``)."""
+        return max(0, int(self.prompt_lengths.min()) - 1) if len(self) else 0
+
+    def train_mask(self, mask_env_tokens: bool = True) -> torch.Tensor:
+        """The tokens that carry loss: policy tokens, or (ablation) every token after the prompt."""
+        return self.loss_mask if mask_env_tokens else self.response_mask
+
+    def _map(self, fn) -> "Batch":
+        return replace(self, **{f.name: fn(f.name, getattr(self, f.name)) for f in fields(self)})
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return self._map(lambda _, t: t.to(device))
+
+    def select(self, rows: Sequence[int] | torch.Tensor) -> "Batch":
+        """The rows ``rows`` (in that order), trimmed to their longest sequence."""
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.input_ids.device)
+        width = int(self.lengths[idx].max()) if len(idx) else 0
+        return self._map(lambda _, t: t[idx, :width] if t.dim() == 2 else t[idx])
+
+    def micro_batches(self, size: int) -> Iterator["Batch"]:
+        """Consecutive pieces of at most ``size`` rows (gradient accumulation)."""
+        if size < 1:
+            raise ValueError(f"micro-batch size must be >= 1, got {size}")
+        for start in range(0, len(self), size):
+            yield self.select(range(start, min(start + size, len(self))))
+
+
+def collate(trajectories: Sequence[Trajectory], *, pad_id: int = 0) -> Batch:
+    """Stack token-level trajectories into a :class:`Batch` (advantages and returns left at 0)."""
+    if not trajectories:
+        raise ValueError("cannot collate an empty list of trajectories")
+    for i, t in enumerate(trajectories):
+        if not (len(t.token_ids) == len(t.loss_mask) == len(t.logprobs)):
+            raise ValueError(f"trajectory {i}: token_ids, loss_mask and logprobs differ in length")
+    width = max(len(t.token_ids) for t in trajectories)
+    lengths = torch.tensor([len(t.token_ids) for t in trajectories], dtype=torch.long)
+    attention = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    response = torch.zeros(len(trajectories), width)
+    for i, t in enumerate(trajectories):
+        response[i, t.prompt_length: len(t.token_ids)] = 1.0
+    zeros = torch.zeros(len(trajectories), width)
+    return Batch(
+        input_ids=pad_token_lists([t.token_ids for t in trajectories], width, value=pad_id, dtype=torch.long),
+        attention_mask=attention,
+        position_ids=torch.arange(width).repeat(len(trajectories), 1) * attention,
+        loss_mask=pad_token_lists([t.loss_mask for t in trajectories], width),
+        response_mask=response,
+        old_logprobs=pad_token_lists([t.logprobs for t in trajectories], width),
+        token_rewards=pad_token_lists([t.token_rewards() for t in trajectories], width),
+        advantages=zeros.clone(),
+        returns=zeros.clone(),
+        ref_logprobs=zeros.clone(),
+        old_values=zeros.clone(),
+        seq_ids=torch.arange(len(trajectories)),
+        group_ids=torch.tensor([-1 if t.group_id is None else int(t.group_id) for t in trajectories]),
+        lengths=lengths,
+        prompt_lengths=torch.tensor([t.prompt_length for t in trajectories], dtype=torch.long),
+    )

@@ -1,0 +1,279 @@
+"""The loss core shared by REINFORCE, PPO and GRPO: pure functions on ``(B, T)`` token tensors.
+
+Alignment. Every per-token tensor is indexed by the position of the token it is about:
+``logprobs[b, t] = log p(token_ids[b, t] | token_ids[b, :t])``, computed from the logits at
+``t - 1``; position 0 (never a policy token) holds 0. Masks use the same indexing, so a
+trajectory's ``loss_mask`` applies as is.
+
+Masks. ``loss_mask`` is 1 on the tokens the policy sampled. Every term — policy loss, entropy,
+KL, value loss — is multiplied by the *training mask*: ``loss_mask`` normally (retrieved-token
+masking: environment tokens get exactly zero gradient), or the response mask (every token after
+the prompt) for the ``mask_env_tokens=False`` ablation. In that ablation env tokens have no
+sampling-time log-prob; :func:`ppo_objective` takes the current log-prob, detached, as their
+"old" one, so their ratio is 1: they get the plain policy-gradient term ``-A ∇log p`` and are
+never clipped — the choice that needs no extra forward pass and keeps the ablation about the
+mask only.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = [
+    "LOSS_AGG_MODES", "KL_ESTIMATORS", "selective_log_softmax", "token_logprobs", "entropy_from_logits",
+    "clipped_surrogate", "reinforce_surrogate", "aggregate", "kl_penalty", "clipped_value_loss",
+    "masked_mean", "masked_whiten", "LossSettings", "ppo_objective",
+]
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+
+
+# --------------------------------------------------------------------------- log-probs, entropy
+
+def _own_selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits).gather(index)`` one row at a time (peak memory of one row, not the batch)."""
+    return torch.stack([row.log_softmax(-1).gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+                        for row, idx in zip(logits, index)])
+
+
+@functools.cache
+def _trl_selective_log_softmax() -> Callable | None:
+    # Lives in trl.trainer.utils (trl 1.16); a fused Triton kernel on CUDA. Imported lazily: the
+    # import costs seconds, and only learners need it.
+    try:
+        from trl.trainer.utils import selective_log_softmax as fn
+    except Exception:  # pragma: no cover - trl missing or moved
+        return None
+    return fn
+
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Log-softmax over the last axis gathered at ``index``; TRL's memory-efficient version if importable."""
+    fn = _trl_selective_log_softmax()
+    return fn(logits, index) if fn is not None else _own_selective_log_softmax(logits, index)
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = 1024) -> torch.Tensor:
+    """Shannon entropy (nats) of ``softmax(logits)`` over the last axis, in chunks of rows."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = []
+    for chunk in flat.split(chunk_rows):
+        logp = chunk.log_softmax(-1)
+        parts.append(-(logp.exp() * logp).sum(-1))
+    return torch.cat(parts).reshape(logits.shape[:-1])
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0, *, offset: int = 0,
+                   with_entropy: bool = False, entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (and entropies) of ``token_ids`` under ``softmax(logits / temperature)``.
+
+    ``token_ids``: ``(B, T)``; ``logits``: ``(B, T - offset, V)``, the model's logits at positions
+    ``offset … T-1`` (``offset > 0`` when the forward pass kept only the logits that predict
+    response tokens: ``logits_to_keep``). Returns ``(B, T)`` tensors aligned with the tokens,
+    0 at positions ``≤ offset``. Dividing by the sampling temperature makes them comparable with
+    the policy's sampling-time log-probs. ``entropy_grad=False`` computes the entropy for logging
+    only (no graph kept).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if logits.shape[1] != token_ids.shape[1] - offset:
+        raise ValueError(f"{logits.shape[1]} logit positions for {token_ids.shape[1]} tokens at offset {offset}")
+    z = logits[:, :-1].float()
+    if temperature != 1.0:
+        z = z / temperature
+    zero = z.new_zeros(z.shape[0], offset + 1)
+    logp = torch.cat([zero, selective_log_softmax(z, token_ids[:, offset + 1:])], dim=1)
+    ent = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = torch.cat([zero, entropy_from_logits(z)], dim=1)
+    return logp, ent
+
+
+# --------------------------------------------------------------------------- surrogates
+
+def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_eps: float = 0.2,
+                      clip_eps_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's per-token loss ``max(-A·ρ, -A·clip(ρ, 1-ε, 1+ε_high))`` with ``ρ = exp(logp - old_logp)``.
+
+    ``clip_eps_high`` (DAPO's "clip-higher") defaults to ``clip_eps``. Returns ``(loss, ratio,
+    clipped)`` where ``clipped`` is 1 where the clipped branch is the active (larger) one.
+    """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -advantages * ratio
+    clipped_loss = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high)
+    return torch.maximum(unclipped, clipped_loss), ratio, (clipped_loss > unclipped).float()
+
+
+def reinforce_surrogate(logp: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """The on-policy policy-gradient loss ``-A · log p`` (its gradient is ``-A ∇log p``)."""
+    return -advantages * logp
+
+
+# --------------------------------------------------------------------------- aggregation
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", *, num_tokens: float | None = None,
+              num_seqs: float | None = None, max_len: float | None = None) -> torch.Tensor:
+    """Reduce a ``(B, T)`` per-token loss to a scalar over the masked tokens.
+
+    * ``token-mean``: ``Σ v·m / Σ m`` — every token weighs the same (long answers weigh more);
+    * ``seq-mean-token-sum`` (Dr.GRPO): ``Σ_seq (Σ_t v·m) / max_len`` averaged over sequences — a
+      constant normaliser, so no length bias; ``max_len`` defaults to ``T``;
+    * ``seq-mean-token-mean`` (original GRPO): each sequence's token mean, averaged over sequences.
+
+    Gradient accumulation: pass the totals of the whole minibatch (``num_tokens`` = its masked
+    tokens, ``num_seqs`` = its sequences); the micro-batches' results then sum to the minibatch's.
+    """
+    mask = mask.to(values.dtype)
+    if mode == "token-mean":
+        denom = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=values.dtype)
+        return (values * mask).sum() / denom.clamp(min=1.0)
+    n_seqs = values.shape[0] if num_seqs is None else num_seqs
+    if mode == "seq-mean-token-sum":
+        length = values.shape[1] if max_len is None else max_len
+        return (values * mask).sum() / length / max(n_seqs, 1)
+    if mode == "seq-mean-token-mean":
+        per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_seq.sum() / max(n_seqs, 1)
+    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGG_MODES}")
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(v - mean) / (std + eps)`` over the masked entries (population std); 0 where ``mask`` is 0."""
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
+    return (values - mean) / (var.sqrt() + eps) * mask.to(values.dtype)
+
+
+# --------------------------------------------------------------------------- KL, value loss
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of ``KL(π ‖ π_ref)`` from log-probs of tokens sampled from ``π``.
+
+    With ``d = logp - ref_logp`` (Schulman, "Approximating KL divergence"):
+
+    * ``k1 = d`` — unbiased, high variance, can be negative;
+    * ``k2 = d² / 2`` — biased, low variance; its gradient is the KL's gradient;
+    * ``k3 = exp(-d) + d - 1`` — unbiased and ≥ 0 (GRPO's choice);
+    * ``low_var_kl`` — k3 as verl computes it: ``d`` clamped to ±20 before ``exp`` and the result to [-10, 10].
+    """
+    d = logp - ref_logp
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return 0.5 * d.square()
+    if estimator == "k3":
+        return torch.exp(-d) + d - 1.0
+    if estimator == "low_var_kl":
+        r = torch.clamp(-d, min=-20.0, max=20.0)
+        return torch.clamp(torch.exp(r) - r - 1.0, min=-10.0, max=10.0)
+    raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       clip_eps: float | None = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO value loss ``½ max((V - R)², (V_clip - R)²)``, ``V_clip = V_old + clip(V - V_old, ±ε)``.
+
+    ``clip_eps=None`` gives the plain ``½ (V - R)²``. Returns ``(loss, clipped)``.
+    """
+    plain = (values - returns).square()
+    if clip_eps is None:
+        return 0.5 * plain, torch.zeros_like(plain)
+    v_clip = old_values + torch.clamp(values - old_values, -clip_eps, clip_eps)
+    clipped = (v_clip - returns).square()
+    return 0.5 * torch.maximum(plain, clipped), (clipped > plain).float()
+
+
+# --------------------------------------------------------------------------- the objective
+
+@dataclass(frozen=True)
+class LossSettings:
+    """What :func:`ppo_objective` needs to know (the learners build it from ``LearnerConfig``).
+
+    ``surrogate``: ``clip`` (PPO/GRPO ratio clipping) or ``reinforce`` (``-A log p``).
+    ``max_len``: the constant of ``seq-mean-token-sum``.
+    """
+    surrogate: str = "clip"
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    loss_agg: str = "token-mean"
+    max_len: float | None = None
+    kl_coef: float = 0.0            # > 0 with ref log-probs: KL term in the loss
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    value_coef: float = 0.5
+    value_clip_eps: float | None = 0.2
+
+    def __post_init__(self) -> None:
+        if self.surrogate not in ("clip", "reinforce"):
+            raise ValueError(f"surrogate must be 'clip' or 'reinforce', got {self.surrogate!r}")
+        if self.loss_agg not in LOSS_AGG_MODES:
+            raise ValueError(f"unknown loss aggregation {self.loss_agg!r}; choose one of {LOSS_AGG_MODES}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; choose one of {KL_ESTIMATORS}")
+
+
+def ppo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                  settings: LossSettings, *, sampled_mask: torch.Tensor | None = None,
+                  entropy: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
+                  values: torch.Tensor | None = None, old_values: torch.Tensor | None = None,
+                  returns: torch.Tensor | None = None, num_tokens: float | None = None,
+                  num_seqs: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``loss = policy_loss - entropy_coef·H + kl_coef·KL + value_coef·value_loss``, each term
+    aggregated over ``mask`` (the training mask) with ``settings.loss_agg``.
+
+    ``sampled_mask`` marks tokens with sampling-time log-probs (the trajectory's ``loss_mask``);
+    where ``mask`` is 1 but ``sampled_mask`` is 0 (env tokens in the unmasked ablation), the old
+    log-prob is the current one, detached. The KL term needs ``ref_logp``, the value term
+    ``values``, ``old_values`` and ``returns``; the entropy term needs ``entropy``.
+
+    Returns the scalar loss and detached statistics (token means over ``mask`` unless noted).
+    """
+    agg = functools.partial(aggregate, mask=mask, mode=settings.loss_agg, num_tokens=num_tokens,
+                            num_seqs=num_seqs, max_len=settings.max_len)
+    if sampled_mask is not None:
+        old_logp = torch.where(sampled_mask.bool(), old_logp, logp.detach())
+    stats: dict[str, torch.Tensor] = {}
+    if settings.surrogate == "clip":
+        pg, ratio, clipped = clipped_surrogate(logp, old_logp, advantages, settings.clip_eps, settings.clip_eps_high)
+        stats["clip_frac"] = masked_mean(clipped, mask)
+    else:
+        pg = reinforce_surrogate(logp, advantages)
+        ratio = torch.exp(logp - old_logp)
+        stats["clip_frac"] = torch.zeros(())
+    policy_loss = agg(pg)
+    loss = policy_loss
+    log_ratio = (logp - old_logp).detach()
+    stats["policy_loss"] = policy_loss
+    stats["approx_kl"] = masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, mask)  # k3 of old vs new
+    stats["ratio_mean"] = masked_mean(ratio.detach(), mask)
+    if entropy is not None:
+        stats["entropy"] = masked_mean(entropy.detach(), mask)
+        if settings.entropy_coef:
+            loss = loss - settings.entropy_coef * agg(entropy)
+    if ref_logp is not None:
+        kl = kl_penalty(logp, ref_logp, settings.kl_estimator)
+        stats["kl"] = masked_mean(kl.detach(), mask)
+        if settings.kl_coef:
+            loss = loss + settings.kl_coef * agg(kl)
+    if values is not None:
+        if old_values is None or returns is None:
+            raise ValueError("the value loss needs old_values and returns")
+        vf, vclip = clipped_value_loss(values, old_values, returns, settings.value_clip_eps)
+        value_loss = agg(vf)
+        loss = loss + settings.value_coef * value_loss
+        stats["value_loss"] = value_loss
+        stats["value_clip_frac"] = masked_mean(vclip, mask)
+    stats = {k: v.detach().float() for k, v in stats.items()}
+    return loss, stats

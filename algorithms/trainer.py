@@ -1,0 +1,275 @@
+"""The trainer: tasks → batched rollouts → advantages → updates → eval / checkpoint / logging.
+
+``agentgym train`` runs :func:`train` with a :class:`TrainConfig` (YAML + ``key=value``
+overrides). Every run writes its resolved config, a CSV log (and TensorBoard events), PNG
+learning curves and an HTML trajectory report into ``output_dir``. ``--resume`` continues a killed
+run from its last checkpoint and reproduces the uninterrupted run's metrics: the rollout seeds and
+the torch RNG are derived from (seed, step), and checkpoints hold weights, optimizer, scheduler and
+learner state.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from agentgym.config import save_config, to_dict
+from agentgym.policy import SamplingParams
+from agentgym.rollout import RolloutConfig, RolloutEngine, summarize
+
+from agentgym.algorithms.learners import LearnerConfig, make_learner
+
+__all__ = ["TrainConfig", "SamplingConfig", "EvalConfig", "train", "Trainer"]
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0                  # steps between evals (0: only before and after training)
+    episodes: int = 16
+    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
+    first_task: int = 0             # the same held-out tasks at every eval
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run needs. Defaults: the README's main job (a short CPU run)."""
+    env: str = "Arithmetic-v0"
+    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"hard_fraction": 0.0})
+    model: str = "smollm2"
+    algo: str = "grpo"
+    steps: int = 12
+    groups_per_step: int = 4
+    group_size: int = 4
+    seed: int = 0
+    style: str | None = None
+    max_obs_tokens: int | None = 256
+    max_context_tokens: int = 2048
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint_every: int = 4
+    keep_checkpoints: int = 2
+    output_dir: str = "runs/train"
+    tensorboard: bool = True
+    device: str | None = None
+    debug_checks: bool = False
+
+
+def _set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step * 7_919) % 2**31
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, policy: Any | None = None, log: Callable[[str], None] = print):
+        from agentgym.policies.transformers_policy import TransformersPolicy
+        self.cfg, self.log = cfg, log
+        self.out = Path(cfg.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        _set_seed(cfg.seed)
+        if policy is None:
+            policy = (TransformersPolicy.tiny_random(seed=cfg.seed) if cfg.model == "tiny-random"
+                      else TransformersPolicy.from_pretrained(cfg.model, device=cfg.device))
+        self.policy = policy
+        lcfg = cfg.learner
+        if lcfg.total_steps is None or lcfg.total_steps <= 0:
+            from dataclasses import replace
+            lcfg = replace(lcfg, total_steps=cfg.steps)
+        self.learner = make_learner(cfg.algo, policy, lcfg)
+        sampling = SamplingParams(max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
+                                  top_p=cfg.sampling.top_p)
+        rc = dict(style=cfg.style, max_obs_tokens=cfg.max_obs_tokens, max_context_tokens=cfg.max_context_tokens,
+                  debug_checks=cfg.debug_checks)
+        self.engine = RolloutEngine(policy, RolloutConfig(sampling=sampling, **rc))
+        self.eval_engine = RolloutEngine(policy, RolloutConfig(sampling=sampling.replace(greedy=True), **rc))
+        self.step = 0
+        self.history: list[dict[str, float]] = []
+        self.evals: list[dict[str, float]] = []
+        self._tb = None
+
+    # ------------------------------------------------------------------ checkpoints
+    def _ckpt_dir(self, step: int) -> Path:
+        return self.out / "checkpoints" / f"step_{step:06d}"
+
+    def save_checkpoint(self) -> Path:
+        d = self._ckpt_dir(self.step)
+        tmp = d.with_name(d.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        self.policy.model.save_pretrained(tmp / "model")  # full weights, or only the adapter with LoRA
+        torch.save({"learner": self.learner.state_dict(), "step": self.step,
+                    "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
+                    "python_rng": random.getstate()}, tmp / "state.pt")
+        (tmp / "history.json").write_text(json.dumps({"history": self.history, "evals": self.evals}))
+        if d.exists():
+            shutil.rmtree(d)
+        tmp.rename(d)
+        ckpts = sorted((self.out / "checkpoints").glob("step_*[0-9]"))
+        for old in ckpts[: max(0, len(ckpts) - self.cfg.keep_checkpoints)]:
+            shutil.rmtree(old)
+        return d
+
+    def load_checkpoint(self, d: Path) -> None:
+        from safetensors.torch import load_file
+        model_dir = d / "model"
+        weights = {}
+        for f in sorted(model_dir.glob("*.safetensors")):
+            weights.update(load_file(f))
+        target = self.policy.model
+        if (model_dir / "adapter_config.json").exists():
+            from peft import set_peft_model_state_dict
+            set_peft_model_state_dict(target, weights)
+        else:
+            missing, unexpected = target.load_state_dict(weights, strict=False)
+            real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
+            if real_missing or unexpected:
+                raise RuntimeError(f"checkpoint {d} does not match the model: missing {real_missing[:3]}, "
+                                   f"unexpected {unexpected[:3]}")
+        state = torch.load(d / "state.pt", weights_only=False)
+        self.learner.load_state_dict(state["learner"])
+        self.step = int(state["step"])
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+        h = json.loads((d / "history.json").read_text())
+        self.history, self.evals = h["history"], h["evals"]
+
+    def latest_checkpoint(self) -> Path | None:
+        ckpts = sorted((self.out / "checkpoints").glob("step_*[0-9]"))
+        return ckpts[-1] if ckpts else None
+
+    # ------------------------------------------------------------------ logging
+    def _log_row(self, row: dict[str, float]) -> None:
+        path = self.out / "train_log.csv"
+        rows = self.history
+        keys = sorted({k for r in rows for k in r})
+        with path.open("w", newline="") as f:  # rewritten whole: columns may appear later
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rows)
+        if self.cfg.tensorboard:
+            if self._tb is None:
+                from torch.utils.tensorboard import SummaryWriter
+                self._tb = SummaryWriter(str(self.out / "tensorboard"))
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, int(row["step"]))
+
+    def evaluate(self, tag: str) -> tuple[dict[str, float], list[Any]]:
+        e = self.cfg.eval
+        indices = list(range(e.first_task, e.first_task + e.episodes))
+        kwargs = {**self.cfg.env_kwargs, **e.env_kwargs}
+        batch = self.eval_engine.collect(self.cfg.env, task_indices=indices, seed=self.cfg.seed, env_kwargs=kwargs)
+        m = {"step": float(self.step), **{f"eval/{k}": v for k, v in batch.metrics.items() if not k.startswith("time/")}}
+        self.evals.append({"tag": tag, **m})
+        self.log(f"[eval {tag} @ step {self.step}] success {m['eval/success_rate']:.3f}  reward {m['eval/reward_mean']:+.3f}")
+        return m, batch.trajectories
+
+    # ------------------------------------------------------------------ loop
+    def train(self, resume: bool = False) -> dict[str, Any]:
+        from tqdm import tqdm
+        cfg = self.cfg
+        save_config(cfg, self.out / "config.yaml")
+        if resume:
+            ckpt = self.latest_checkpoint()
+            if ckpt is None:
+                raise FileNotFoundError(f"--resume: no checkpoint in {self.out / 'checkpoints'}")
+            self.load_checkpoint(ckpt)
+            self.log(f"resumed from {ckpt} (step {self.step})")
+        if self.step == 0 and not any(ev["tag"] == "before" for ev in self.evals):
+            self.evaluate("before")
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.algo} on {cfg.env}", unit="step")
+        while self.step < cfg.steps:
+            t0 = time.perf_counter()
+            seed = _step_seed(cfg.seed, self.step)
+            torch.manual_seed(seed)
+            batch = self.engine.collect(cfg.env, num_groups=cfg.groups_per_step, group_size=cfg.group_size,
+                                        seed=seed, env_kwargs=cfg.env_kwargs)
+            t_roll = time.perf_counter() - t0
+            upd = self.learner.update(batch.trajectories)
+            self.step += 1
+            dt = time.perf_counter() - t0
+            row = {"step": float(self.step), **{f"rollout/{k}": v for k, v in batch.metrics.items()},
+                   **{f"train/{k}": float(v) for k, v in upd.items()},
+                   "time/step_s": dt, "time/rollout_s": t_roll,
+                   "perf/tokens_per_s": batch.metrics.get("generated_tokens", 0.0) / max(dt, 1e-9)}
+            self.history.append(row)
+            self._log_row(row)
+            bar.update(1)
+            bar.set_postfix(reward=f"{batch.metrics['reward_mean']:+.3f}", success=f"{batch.metrics['success_rate']:.2f}")
+            if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
+                self.evaluate(f"step{self.step}")
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self.save_checkpoint()
+        bar.close()
+        final, trajs = self.evaluate("after")
+        self.save_checkpoint()
+        (self.out / "evals.json").write_text(json.dumps(self.evals, indent=1))
+        self.write_artifacts(trajs)
+        if self._tb is not None:
+            self._tb.close()
+        before = next(e for e in self.evals if e["tag"] == "before")
+        return {"before": before, "after": final, "history": self.history, "output_dir": str(self.out)}
+
+    def write_artifacts(self, eval_trajectories: list[Any]) -> None:
+        from agentgym.report import write_html_report
+        plot_curves(self.history, self.evals, self.out / "curves.png", title=f"{self.cfg.algo} on {self.cfg.env}")
+        write_html_report(self.out / "eval_trajectories.html", eval_trajectories, tokenizer=self.policy.tokenizer,
+                          metrics=summarize(eval_trajectories), title=f"{self.cfg.env} · after {self.step} steps")
+
+
+def plot_curves(history: list[dict[str, float]], evals: list[dict[str, Any]], path: Path, title: str) -> None:
+    """PNG learning curves: rollout reward / success, each reward term, and the learner's stats."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    if not history:
+        return
+    steps = [r["step"] for r in history]
+    panels = [("reward", ["rollout/reward_mean", "rollout/success_rate"]),
+              ("reward terms", sorted(k for k in history[-1] if k.startswith("rollout/reward/"))),
+              ("learner", [k for k in ("train/kl", "train/entropy", "train/clip_frac", "train/grad_norm") if k in history[-1]]),
+              ("tokens", ["rollout/response_tokens_mean", "rollout/turns_mean"])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6))
+    for ax, (name, keys) in zip(axes, panels):
+        for k in keys:
+            ax.plot(steps, [r.get(k, float("nan")) for r in history], label=k.split("/", 1)[1], marker=".")
+        if name == "reward":
+            ev = [e for e in evals if "eval/success_rate" in e]
+            if ev:
+                ax.plot([e["step"] for e in ev], [e["eval/success_rate"] for e in ev], "k--o", label="eval success (greedy)")
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def train(cfg: TrainConfig, resume: bool = False, policy: Any | None = None) -> dict[str, Any]:
+    return Trainer(cfg, policy=policy).train(resume=resume)

@@ -1,0 +1,202 @@
+"""The retriever contract shared by dense, BM25 and remote retrievers, plus the corpus they index.
+
+Formats follow Search-R1 (PeterGriffinJin/Search-R1, ``search_r1/search/retrieval_server.py``;
+arXiv 2503.09516): a corpus is jsonl with one passage per line, ``{"id": "0", "contents":
+"\\"Title\\"\\ntext"}``, and a retrieval hit travels as ``{"document": {"id", "contents"}, "score"}``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+PathLike = str | os.PathLike[str]
+
+#: Search-R1's default number of passages per search (``retrieval_topk`` = 3 in the paper scripts).
+DEFAULT_TOPK = 3
+
+META_FILE = "meta.json"
+DOCS_FILE = "docs.jsonl"
+#: Written into every saved index's meta so that ``load_retriever`` can refuse foreign directories.
+FORMAT = "agentgym.retrieval/1"
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One retrieved passage. ``score`` is higher-is-better (inner product or BM25)."""
+
+    doc_id: str
+    contents: str
+    score: float
+
+    @property
+    def title(self) -> str:
+        """First line of ``contents``, kept verbatim (quotes included) as Search-R1 formats ``Doc i(Title: ...)``."""
+        return self.contents.split("\n", 1)[0]
+
+    @property
+    def text(self) -> str:
+        """Everything after the first line of ``contents``."""
+        parts = self.contents.split("\n", 1)
+        return parts[1] if len(parts) > 1 else ""
+
+    def to_dict(self, with_score: bool = True) -> dict[str, Any]:
+        """Search-R1's wire form ``{"document": {"id", "contents"}, "score"}`` (score optional)."""
+        out: dict[str, Any] = {"document": {"id": self.doc_id, "contents": self.contents}}
+        if with_score:
+            out["score"] = self.score
+        return out
+
+    @classmethod
+    def from_dict(cls, item: Mapping[str, Any]) -> Hit:
+        """Parse a wire item; also accepts a bare document (Search-R1's ``return_scores=false`` intent)."""
+        doc = item.get("document", item)
+        if not isinstance(doc, Mapping) or not isinstance(doc.get("contents"), str):
+            raise ValueError(f"not a retrieval hit (needs document.contents): {str(item)[:200]}")
+        score = item.get("score", float("nan"))
+        return cls(doc_id=str(doc.get("id", "")), contents=doc["contents"], score=float(score))
+
+
+class Corpus:
+    """Passages held as two parallel lists (ids, contents): far smaller than one dict per passage."""
+
+    def __init__(self, ids: list[str], contents: list[str]) -> None:
+        if len(ids) != len(contents):
+            raise ValueError(f"{len(ids)} ids but {len(contents)} contents")
+        self.ids = ids
+        self.contents = contents
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def hit(self, index: int, score: float) -> Hit:
+        return Hit(doc_id=self.ids[index], contents=self.contents[index], score=float(score))
+
+    @classmethod
+    def from_docs(cls, docs: Iterable[Mapping[str, Any]]) -> Corpus:
+        """Accept Search-R1 rows; rows with ``title``/``text`` instead of ``contents`` are joined
+        the Search-R1 way (``"Title"`` line, then text); a missing ``id`` becomes the row number."""
+        ids: list[str] = []
+        contents: list[str] = []
+        for i, doc in enumerate(docs):
+            if not isinstance(doc, Mapping):
+                raise ValueError(f"corpus row {i} is not an object: {str(doc)[:200]}")
+            text = doc.get("contents")
+            if text is None and "text" in doc:
+                title = str(doc.get("title", "")).strip('"')
+                text = f'"{title}"\n{doc["text"]}'
+            if not isinstance(text, str):
+                raise ValueError(f"corpus row {i} has no string 'contents' (or 'title'/'text'): {str(doc)[:200]}")
+            ids.append(str(doc.get("id", i)))
+            contents.append(text)
+        return cls(ids, contents)
+
+    @classmethod
+    def from_jsonl(cls, path: PathLike) -> Corpus:
+        return cls.from_docs(iter_jsonl(path))
+
+    @classmethod
+    def coerce(cls, corpus: Corpus | PathLike | Iterable[Mapping[str, Any]]) -> Corpus:
+        """One entry point for every way a caller can hand over a corpus."""
+        if isinstance(corpus, Corpus):
+            return corpus
+        if isinstance(corpus, (str, os.PathLike)):
+            return cls.from_jsonl(corpus)
+        return cls.from_docs(corpus)
+
+    def to_jsonl(self, path: PathLike) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            for doc_id, text in zip(self.ids, self.contents):
+                f.write(json.dumps({"id": doc_id, "contents": text}, ensure_ascii=False) + "\n")
+
+
+def iter_jsonl(path: PathLike) -> Iterator[dict[str, Any]]:
+    """Rows of a ``.jsonl`` (or ``.jsonl.gz``) file; blank lines are skipped, bad lines name their number."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"corpus file not found: {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+
+
+def read_meta(path: PathLike) -> dict[str, Any]:
+    """The meta of a saved index directory, checked to be ours."""
+    meta_path = Path(path) / META_FILE
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"no retriever index at {path} (missing {META_FILE})")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{meta_path} has format {meta.get('format')!r}, expected {FORMAT!r}")
+    return meta
+
+
+def write_meta(path: PathLike, meta: Mapping[str, Any]) -> None:
+    Path(path, META_FILE).write_text(json.dumps({"format": FORMAT, **meta}, indent=2) + "\n", encoding="utf-8")
+
+
+def check_topk(topk: int) -> int:
+    # bool is an int subclass; True as a topk is always a bug.
+    if isinstance(topk, bool) or not isinstance(topk, int):
+        raise TypeError(f"topk must be an int, got {type(topk).__name__}")
+    if topk <= 0:
+        raise ValueError(f"topk must be >= 1, got {topk}")
+    return topk
+
+
+class Retriever(ABC):
+    """Batched passage search.
+
+    ``search`` is the template: it validates once, answers empty/whitespace queries with ``[]``
+    (an agent's empty ``<search></search>`` must not crash a rollout), and hands the rest to
+    ``_search_batch`` in one call so dense retrievers encode a whole batch at once. Wrong *types*
+    or ``topk <= 0`` are programming errors and raise.
+    """
+
+    kind: ClassVar[str] = "base"
+
+    @abstractmethod
+    def _search_batch(self, queries: list[str], topk: int) -> list[list[Hit]]:
+        """Search non-empty queries; ``topk`` >= 1 (may exceed the corpus size)."""
+
+    @property
+    def num_docs(self) -> int | None:
+        """Number of indexed passages, ``None`` where unknown (remote)."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """Small JSON-able summary for ``/health`` and logs."""
+        return {"kind": self.kind, "num_docs": self.num_docs}
+
+    def search(self, queries: Sequence[str], topk: int = DEFAULT_TOPK) -> list[list[Hit]]:
+        if isinstance(queries, str):
+            raise TypeError("search() takes a list of queries; use search_one() for a single string")
+        check_topk(topk)
+        queries = list(queries)
+        for q in queries:
+            if not isinstance(q, str):
+                raise TypeError(f"queries must be strings, got {type(q).__name__}")
+        results: list[list[Hit]] = [[] for _ in queries]
+        live = [i for i, q in enumerate(queries) if q.strip()]
+        if live:
+            found = self._search_batch([queries[i] for i in live], topk)
+            if len(found) != len(live):
+                raise RuntimeError(f"{type(self).__name__} returned {len(found)} result lists for {len(live)} queries")
+            for i, hits in zip(live, found):
+                results[i] = hits
+        return results
+
+    def search_one(self, query: str, topk: int = DEFAULT_TOPK) -> list[Hit]:
+        return self.search([query], topk)[0]

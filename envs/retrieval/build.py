@@ -1,0 +1,97 @@
+"""The two entry points behind ``agentgym retriever build-index`` and ``agentgym retriever serve``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from .base import META_FILE, Corpus, PathLike, Retriever, read_meta
+
+
+def build_index(
+    corpus: PathLike | Iterable[Mapping[str, Any]],
+    out_dir: PathLike,
+    kind: Literal["dense", "bm25"] = "dense",
+    model: str | None = None,
+    index_type: Literal["flat", "hnsw", "ivf"] = "flat",
+    *,
+    query_prefix: str | None = None,
+    passage_prefix: str | None = None,
+    device: str | None = None,
+    batch_size: int = 64,
+    hnsw_m: int = 32,
+    ef_construction: int = 200,
+    ef_search: int = 128,
+    nlist: int | None = None,
+    nprobe: int = 8,
+    stopwords: str | list[str] | None = "en",
+    k1: float = 0.9,
+    b: float = 0.4,
+    show_progress: bool | None = None,
+    overwrite: bool = False,
+) -> Retriever:
+    """Index a Search-R1 jsonl corpus (path, ``.jsonl.gz`` too, or an iterable of docs) into ``out_dir``
+    and return the ready retriever. Refuses to replace an existing index unless ``overwrite``:
+    a wiki-scale index takes hours to rebuild."""
+    out = Path(out_dir)
+    if (out / META_FILE).exists() and not overwrite:
+        raise FileExistsError(f"{out} already holds an index; pass overwrite=True to replace it")
+    docs = Corpus.coerce(corpus)
+    retriever: Any
+    if kind == "dense":
+        from .dense import DenseRetriever
+
+        retriever = DenseRetriever(
+            model,
+            device=device,
+            query_prefix=query_prefix,
+            passage_prefix=passage_prefix,
+            index_type=index_type,
+            hnsw_m=hnsw_m,
+            ef_construction=ef_construction,
+            ef_search=ef_search,
+            nlist=nlist,
+            nprobe=nprobe,
+        ).build(docs, batch_size=batch_size, show_progress=show_progress)
+    elif kind == "bm25":
+        dense_only = {"model": model, "query_prefix": query_prefix, "passage_prefix": passage_prefix}
+        given = [k for k, v in dense_only.items() if v is not None] + (["index_type"] if index_type != "flat" else [])
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply to kind='dense'")
+        from .sparse import BM25Retriever
+
+        retriever = BM25Retriever(stopwords=stopwords, k1=k1, b=b).build(docs, show_progress=show_progress)
+    else:
+        raise ValueError(f"kind must be 'dense' or 'bm25', got {kind!r}")
+    retriever.save(out)
+    return retriever
+
+
+def load_retriever(
+    source: PathLike,
+    *,
+    model: str | None = None,
+    device: str | None = None,
+    mmap: bool = False,
+    timeout_s: float = 30.0,
+) -> Retriever:
+    """A saved index directory (kind read from its ``meta.json``), or an ``http(s)://`` URL of a
+    running retrieval server (then a ``RemoteRetriever``), so configs can name either."""
+    text = str(source)
+    if text.startswith(("http://", "https://")):
+        from .remote import RemoteRetriever
+
+        return RemoteRetriever(text, timeout_s=timeout_s)
+    kind = read_meta(source).get("kind")
+    if kind == "dense":
+        from .dense import DenseRetriever
+
+        return DenseRetriever.load(source, model=model, device=device)
+    if kind == "bm25":
+        if model is not None:
+            raise ValueError("model only applies to dense indexes")
+        from .sparse import BM25Retriever
+
+        return BM25Retriever.load(source, mmap=mmap)
+    raise ValueError(f"{source}: unknown retriever kind {kind!r} in {META_FILE}")

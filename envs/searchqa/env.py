@@ -1,0 +1,374 @@
+"""``agentgym/SearchQA-v0``: search-augmented question answering (Search-R1).
+
+Protocol ``search_r1`` (default) reproduces Search-R1's rollout rules; every rule cites its source:
+Search-R1 repository (PeterGriffinJin/Search-R1, 2025-10-29 snapshot) and paper (arXiv 2503.09516),
+as collected in ``shared/reference/search_r1.md``. Protocol ``chat`` exposes search as a JSON tool
+call in chat turns, for instruct models with tool templates.
+
+Retrieval is in-process by default (dense MiniLM + faiss over the bundled fictional world); a
+retrieval server (``agentgym retriever serve``) is used with ``retriever="http://HOST:PORT"``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any, Mapping, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from agentgym import AgentEnv, Reward, Tool, ToolSet, Transition, shaper
+from agentgym.parsing import all_tag_contents, first_tag, last_tag_content, parse_tool_calls, tag_format_errors
+from agentgym.envs.searchqa.data import split_title
+from agentgym.rewards import CallCost, ExactMatch, InvalidActionPenalty, StepEvent, TokenF1, exact_match, normalize_answer
+
+__all__ = ["SearchQAEnv", "SEARCH_R1_PROMPT", "SEARCH_R1_INVALID", "make_search_r1_prompt", "format_passages",
+           "get_retriever", "MaskRetrievedTokens"]
+
+# Search-R1 `make_prefix`, template "base" (scripts/data_process/nq_search.py): exact text, including
+# its own typo "as your want". The question follows "Question: " and one newline ends the prompt.
+SEARCH_R1_PROMPT = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time "
+    "you get new information. After reasoning, if you find you lack some knowledge, you can call a search "
+    "engine by <search> query </search> and it will return the top searched results between <information> "
+    "and </information>. You can search as many times as your want. If you find no further external knowledge "
+    "needed, you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. "
+    "For example, <answer> Beijing </answer>. Question: {question}\n"
+)
+
+# Search-R1 `execute_predictions` (search_r1/llm_agent/generation.py): the invalid-action observation.
+SEARCH_R1_INVALID = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
+    "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
+
+CHAT_SYSTEM_PROMPT = (
+    "You answer questions about a world you do not know; a search engine over an encyclopedia of that world "
+    "is available as the tool `search`. Call it by writing\n"
+    '<tool_call>{{"name": "search", "arguments": {{"query": "..."}}}}</tool_call>\n'
+    "and the top results come back as a tool message. Search only when you need knowledge you lack; each "
+    "search may cost. When you know the answer, reply with <answer>ANSWER</answer> (a few words, no explanation)."
+)
+
+
+def make_search_r1_prompt(question: str) -> str:
+    """Search-R1's prompt: the question is stripped and gets a trailing '?' if it lacks one."""
+    q = question.strip()
+    if not q.endswith("?"):
+        q += "?"
+    return SEARCH_R1_PROMPT.format(question=q)
+
+
+def format_passages(hits: Sequence[Any]) -> str:
+    """``Doc {i}(Title: {title}) {text}\\n`` per passage, i from 1 (Search-R1 `_passages2string`)."""
+    out = []
+    for i, h in enumerate(hits, start=1):
+        # Search-R1 `_passages2string`: title = the first line of `contents` as is (its quotes kept).
+        title, text = split_title(h.contents, strip_quotes=False)
+        out.append(f"Doc {i}(Title: {title}) {text}\n")
+    return "".join(out)
+
+
+# ----------------------------------------------------------------------------- retrieval
+_RETRIEVERS: dict[Any, Any] = {}
+_RETRIEVER_LOCK = threading.Lock()
+
+
+def get_retriever(spec: Any, corpus: Sequence[Mapping[str, str]] | None, corpus_key: Any) -> Any:
+    """Resolve ``retriever=`` once per process: an object with ``search`` is used as is; ``"dense"``
+    (default) / ``"bm25"`` build an in-process index over ``corpus``; ``"http://…"`` is a Search-R1
+    retrieval server; any other string is an index directory written by ``agentgym retriever build-index``."""
+    if hasattr(spec, "search"):
+        return spec
+    key = (spec, corpus_key)
+    with _RETRIEVER_LOCK:
+        if key not in _RETRIEVERS:
+            from agentgym.envs import retrieval
+            if spec in ("dense", "bm25"):
+                if corpus is None:
+                    raise ValueError(f"retriever={spec!r} needs a corpus")
+                cls = retrieval.DenseRetriever if spec == "dense" else retrieval.BM25Retriever
+                r = cls()
+                r.build(list(corpus))
+            elif isinstance(spec, str) and spec.startswith(("http://", "https://")):
+                r = retrieval.RemoteRetriever(spec)
+            elif isinstance(spec, str):
+                r = retrieval.load_retriever(spec)
+            else:
+                raise ValueError(f"retriever must be 'dense', 'bm25', a URL, an index directory or an object with "
+                                 f"search(); got {spec!r}")
+            _RETRIEVERS[key] = r
+        return _RETRIEVERS[key]
+
+
+# ----------------------------------------------------------------------------- reward terms
+def _gold_in(text: str, golds: Sequence[str]) -> bool:
+    t = normalize_answer(text)
+    return any(normalize_answer(g) and f" {normalize_answer(g)} " in f" {t} " for g in golds)
+
+
+@shaper("useful_search")
+def useful_search(event: StepEvent) -> float:
+    """1 when this step's search retrieved a passage containing a gold answer."""
+    if event.action_type != "search":
+        return 0.0
+    return float(_gold_in(event.info.get("retrieved_text", ""), event.gold))
+
+
+def search_r1_format_valid(actions: Sequence[str]) -> bool:
+    """Every turn reasons in <think>…</think> first and then takes exactly one action tag; the last
+    turn answers; tags are balanced. Approximates Search-R1's `is_valid_sequence` check on the
+    response (their state machine think → search|answer, information in between)."""
+    if not actions:
+        return False
+    for k, a in enumerate(actions):
+        if tag_format_errors(a, ("think", "search", "answer", "information")):
+            return False
+        if "<information>" in a:  # the model must not write observations itself
+            return False
+        head = a.lstrip()
+        if not head.startswith("<think>"):
+            return False
+        n_search, n_answer = len(all_tag_contents(a, "search")), len(all_tag_contents(a, "answer"))
+        last = k == len(actions) - 1
+        if last and not (n_answer == 1 and n_search == 0):
+            return False
+        if not last and not (n_search == 1 and n_answer == 0):
+            return False
+    return True
+
+
+class SearchR1FormatReward:
+    """The follow-up paper's format-aware reward (arXiv 2505.15117), terminal: correct answer 1.0
+    (``correct_bad_format`` 0.8 if the format is invalid); wrong answer with valid format 0.2, plus
+    ``retrieval_bonus`` if a gold answer appeared inside retrieved information; wrong and invalid 0.1.
+    ``retrieval_bonus`` default 0.1 is our choice (the reference does not give its value)."""
+
+    name = "search_r1_format"
+
+    def __init__(self, correct_bad_format: float = 0.8, wrong_good_format: float = 0.2,
+                 wrong_bad_format: float = 0.1, retrieval_bonus: float = 0.1):
+        self.values = (correct_bad_format, wrong_good_format, wrong_bad_format, retrieval_bonus)
+
+    def __call__(self, event: StepEvent) -> float:
+        if not event.done:
+            return 0.0
+        correct_bad, wrong_good, wrong_bad, bonus = self.values
+        actions = [r.action for r in event.history] + [event.action]
+        valid = search_r1_format_valid(actions)
+        if exact_match(event.final_answer, event.gold):
+            return 1.0 if valid else correct_bad
+        if not valid:
+            return wrong_bad
+        retrieved = " ".join(r.info.get("retrieved_text", "") for r in event.history) + event.info.get("retrieved_text", "")
+        return wrong_good + (bonus if _gold_in(retrieved, event.gold) else 0.0)
+
+
+#: Default weights. ``exact_match`` 1 alone reproduces Search-R1's reward; the rest are opt-in:
+#: e.g. ``reward={"f1": 0.5}``, ``{"search_cost": 0.05, "useful_search": 0.1}``,
+#: or ``{"exact_match": 0, "search_r1_format": 1}`` for the follow-up's format reward.
+DEFAULT_WEIGHTS = {"exact_match": 1.0, "f1": 0.0, "search_r1_format": 0.0, "search_cost": 0.0,
+                   "useful_search": 0.0, "invalid": 0.0}
+
+
+# ----------------------------------------------------------------------------- env
+class SearchQAEnv(AgentEnv):
+    """Answer questions, searching a corpus when needed.
+
+    Args:
+        protocol: ``"search_r1"`` (tags, continuation style, Search-R1 rules) or ``"chat"`` (a JSON
+            ``search`` tool in chat turns).
+        split: ``"train"`` or ``"test"`` questions of the bundled world.
+        retriever: ``"dense"`` (default, in-process MiniLM + faiss), ``"bm25"``, ``"http://host:port"``
+            (a Search-R1-protocol server), an index directory, or a retriever object.
+        topk: passages per search (Search-R1: 3).
+        max_turns: search turns (Search-R1 scripts: 4). With ``forced_answer`` one more turn follows in
+            which a search is not executed (Search-R1's final rollout with ``do_search=False``).
+        data: ``None`` (bundled world, ``world_seed``, ``world_size``), or a dict with ``questions``
+            (Search-R1 parquet path or list of rows) and ``corpus`` (jsonl path or list of docs).
+        reward: weights for the terms in ``DEFAULT_WEIGHTS`` or a custom Reward.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    tool_action_types = ("search",)
+
+    def __init__(self, protocol: str = "search_r1", split: str = "train", retriever: Any = "dense", topk: int = 3,
+                 max_turns: int = 4, forced_answer: bool = True, data: Mapping[str, Any] | None = None,
+                 world_seed: int = 0, world_size: str | int = "small",
+                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None):
+        if protocol not in ("search_r1", "chat"):
+            raise ValueError(f"protocol must be 'search_r1' or 'chat', got {protocol!r}")
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        self.protocol, self.split, self.topk = protocol, split, topk
+        self.search_turns, self.forced_answer = int(max_turns), bool(forced_answer)
+        self.observation_style = "continuation" if protocol == "search_r1" else "chat"
+        # Search-R1 cuts each response after the first </search>, else after the first </answer>.
+        self.stop_strings = ("</search>", "</answer>") if protocol == "search_r1" else ("</tool_call>", "</answer>")
+        self.corpus, self.questions, corpus_key = self._load_data(data, split, world_seed, world_size)
+        self.num_tasks = len(self.questions)
+        self._retriever_spec = retriever
+        self._corpus_key = corpus_key
+        self._retriever = None
+        self.tools = ToolSet([Tool("search", "Search the encyclopedia; returns the top passages.",
+                                   {"type": "object", "properties": {"query": {"type": "string", "minLength": 1}},
+                                    "required": ["query"], "additionalProperties": False}, self._search_text)],
+                             timeout_s=None)
+        super().__init__(reward=reward, max_turns=self.search_turns + (1 if forced_answer else 0),
+                         render_mode=render_mode)
+
+    # -- data and retrieval
+    @staticmethod
+    def _load_data(data, split, world_seed, world_size):
+        from agentgym.envs.searchqa import data as sdata
+        if data is None:
+            corpus, train, test = sdata.bundled_dataset(seed=world_seed, size=world_size)
+            return corpus, (train if split == "train" else test), ("bundled", world_seed, world_size)
+        questions, corpus = data.get("questions"), data.get("corpus")
+        if questions is None or corpus is None:
+            raise ValueError("data= needs 'questions' (parquet path or rows) and 'corpus' (jsonl path or docs)")
+        key = ("custom", corpus if isinstance(corpus, str) else id(corpus))
+        if isinstance(questions, str):
+            questions = sdata.load_search_r1_parquet(questions)
+        if isinstance(corpus, str):
+            corpus = sdata.load_corpus_jsonl(corpus)
+        return list(corpus), list(questions), key
+
+    @property
+    def retriever(self) -> Any:
+        if self._retriever is None:
+            self._retriever = get_retriever(self._retriever_spec, self.corpus, self._corpus_key)
+        return self._retriever
+
+    def _search(self, query: str) -> tuple[str, list[Any]]:
+        hits = self.retriever.search([query], topk=self.topk)[0]
+        return format_passages(hits), hits
+
+    def _search_text(self, query: str) -> str:
+        return self._search(query)[0].strip() or "No results."
+
+    # -- AgentEnv API
+    def get_task(self, index: int) -> dict[str, Any]:
+        return dict(self.questions[index])
+
+    def initial_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+        if self.protocol == "search_r1":
+            return [{"role": "user", "content": make_search_r1_prompt(task["question"])}]
+        return [{"role": "system", "content": CHAT_SYSTEM_PROMPT}, {"role": "user", "content": task["question"]}]
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        return self.tools.specs() if self.protocol == "chat" else []
+
+    def default_reward(self) -> Reward:
+        terms = [ExactMatch(), TokenF1(), SearchR1FormatReward(), CallCost("search", name="search_cost"),
+                 useful_search, InvalidActionPenalty()]
+        return Reward([(t, DEFAULT_WEIGHTS[t.name]) for t in terms])
+
+    def _forced_turn(self) -> bool:
+        return self.forced_answer and self.turn == self.search_turns  # 0-based turn index of this step
+
+    def transition(self, action: str) -> Transition:
+        if self.protocol == "chat":
+            return self._chat_transition(action)
+        # Search-R1 `postprocess_predictions`: the first match of <(search|answer)>(.*?)</\1> decides.
+        tag = first_tag(action, ("search", "answer"))
+        if tag is None:
+            return self.invalid(SEARCH_R1_INVALID)
+        if tag.tag == "answer":
+            # Reward extraction uses the last <answer> of the response (Search-R1 `extract_solution`).
+            return Transition([], "answer", parsed=tag, terminated=True,
+                              answer=last_tag_content(action, "answer"))
+        if self._forced_turn():
+            # Final rollout with do_search=False: the search is not executed; the episode ends.
+            return Transition([{"role": "user", "content": "\n\n<information></information>\n\n"}], "search",
+                              parsed=tag, info={"query": tag.content, "search_executed": False, "retrieved_text": ""})
+        passages, hits = self._search(tag.content)
+        obs = f"\n\n<information>{passages.strip()}</information>\n\n"
+        return Transition([{"role": "user", "content": obs}], "search", parsed=tag,
+                          info={"query": tag.content, "search_executed": True, "retrieved_text": passages,
+                                "retrieved_ids": [h.doc_id for h in hits]})
+
+    def _chat_transition(self, action: str) -> Transition:
+        tag = first_tag(action, ("tool_call", "answer"))
+        if tag is None:
+            parsed = parse_tool_calls(action)
+            why = parsed.errors[0] if parsed.errors else "no <tool_call> or <answer> found"
+            return self.invalid(f"Invalid action: {why}. Search with <tool_call>{{\"name\": \"search\", \"arguments\": "
+                                "{\"query\": \"...\"}}</tool_call> or answer with <answer>ANSWER</answer>.")
+        if tag.tag == "answer":
+            return Transition([], "answer", parsed=tag, terminated=True, answer=last_tag_content(action, "answer"))
+        parsed = parse_tool_calls(action[tag.start:tag.end])
+        if parsed.errors:
+            return self.invalid(f"Invalid tool call: {parsed.errors[0]}", parsed=parsed)
+        call = parsed.calls[0]
+        if self._forced_turn():
+            return Transition([{"role": "tool", "name": call.name, "content": "No more searches: answer now."}],
+                              "search", parsed=call, info={"search_executed": False, "retrieved_text": ""})
+        if call.name != "search":
+            result = self.tools.call(call.name, call.arguments)  # unknown tool → a tool error message
+            return self.invalid(result.content, parsed=call, role="tool")
+        result = self.tools.call("search", call.arguments)
+        if not result.ok:
+            return self.invalid(result.content, parsed=call, role="tool")
+        return Transition([result.as_message()], "search", parsed=call,
+                          info={"query": call.arguments["query"], "search_executed": True,
+                                "retrieved_text": result.content})
+
+    def episode_metrics(self) -> dict[str, Any]:
+        searches = [r for r in self._history if r.action_type == "search"]
+        return {"searches": len(searches), "question_type": self.task.get("type"),
+                "needs_search": self.task.get("needs_search"),
+                "found_gold": any(_gold_in(r.info.get("retrieved_text", ""), [str(g) for g in self.task.get("answers", [])])
+                                  for r in searches)}
+
+    @staticmethod
+    def oracle(context: Mapping[str, Any]) -> str:
+        """Privileged reference: search the question once when it needs search, then answer gold.
+
+        Uses the Search-R1 tag protocol; for ``protocol="chat"`` use :meth:`chat_oracle`."""
+        task = context["task"]
+        answer = task["answers"][0]
+        if task.get("needs_search", True) and context.get("turn", 0) == 0:
+            return f"<think>I need to look this up.</think><search>{task['question']}</search>"
+        return f"<think>I know the answer now.</think><answer>{answer}</answer>"
+
+
+class MaskRetrievedTokens(gym.ObservationWrapper):
+    """Seed-002 observation masking: replace a ``fraction`` of the retrieved words in each search
+    observation with ``[MASK]``, seeded by ``reset(seed=...)``. This hides information from the
+    *observation*; it is separate from the loss mask (which always excludes env tokens)."""
+
+    def __init__(self, env: gym.Env, fraction: float, mask_token: str = "[MASK]", seed: int | None = None):
+        super().__init__(env)
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+        self.fraction, self.mask_token = fraction, mask_token
+        self._rng = np.random.default_rng(seed)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        return super().reset(seed=seed, options=options)
+
+    def _mask(self, text: str) -> str:
+        words = text.split(" ")
+        for i, w in enumerate(words):
+            if w and self._rng.random() < self.fraction:
+                words[i] = self.mask_token
+        return " ".join(words)
+
+    def observation(self, obs: list[dict[str, str]]) -> list[dict[str, str]]:
+        out = []
+        for m in obs:
+            c = m["content"]
+            if "<information>" in c:
+                c = re.sub(r"(<information>)(.*?)(</information>)",
+                           lambda g: g.group(1) + self._mask(g.group(2)) + g.group(3), c, flags=re.DOTALL)
+            elif m.get("role") == "tool" and m.get("name") == "search":
+                c = self._mask(c)
+            out.append({**m, "content": c})
+        return out

@@ -1,0 +1,184 @@
+"""TransformersPolicy (policies/transformers_policy.py) on a real 2-layer random-weight Llama with the
+real SmolLM2 tokenizer (fp32, CPU), and once on the real SmolLM2-135M-Instruct."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentgym.policies.transformers_policy import TransformersPolicy
+from agentgym.policy import Policy, SamplingParams
+
+from fixtures_llm import cached_tokenizer, eos_prone_policy, one_torch_thread, tiny_policy, tok  # noqa: F401
+
+CHATS = [
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "You solve arithmetic questions."}, {"role": "user", "content": "What is 12 * 34?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ünïcödé 😀 — summarise: " + "lorem ipsum " * 12},
+     {"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Go on."}],
+]
+
+
+def chat_prompts(tok) -> list[list[int]]:
+    """Chat-rendered prompts of very different lengths; they contain <|im_end|>, which is also the pad id."""
+    return [tok.encode(tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+            for c in CHATS]
+
+
+def fresh_logprobs(policy: TransformersPolicy, prompt: list[int], gen_ids: list[int], temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) at the sampled tokens, from one unpadded forward pass over prompt + generation."""
+    ids = torch.tensor([list(prompt) + list(gen_ids)])
+    with torch.no_grad():
+        logits = policy.model(ids).logits[0].float()
+    steps = logits[len(prompt) - 1: len(prompt) - 1 + len(gen_ids)]
+    return torch.log_softmax(steps / temperature, dim=-1).gather(-1, torch.tensor(gen_ids)[:, None]).squeeze(-1)
+
+
+def test_is_a_policy(tok):
+    pol = tiny_policy()
+    assert isinstance(pol, Policy)
+    assert pol.eos_ids == [tok.eos_token_id]
+    assert pol.generate([], SamplingParams(max_new_tokens=2)) == []
+
+
+def test_batched_greedy_equals_one_at_a_time(tok):
+    """Left padding must not change anything: same greedy tokens (and log-probs) as generating alone."""
+    pol = tiny_policy()
+    prompts = chat_prompts(tok)
+    lengths = [len(p) for p in prompts]
+    assert max(lengths) > 3 * min(lengths) and all(tok.pad_token_id in p for p in prompts)
+    sp = SamplingParams(max_new_tokens=10, greedy=True)
+    batch = pol.generate(prompts, sp)
+    for p, g in zip(prompts, batch):
+        (alone,) = pol.generate([p], sp)
+        assert g.token_ids == alone.token_ids and g.finish_reason == alone.finish_reason == "length"
+        assert g.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+        assert g.text == tok.decode(g.token_ids, skip_special_tokens=True)
+    # splitting into forward batches changes nothing either
+    split = TransformersPolicy(pol.model, tok, max_batch_size=2).generate(prompts, sp)
+    assert [g.token_ids for g in split] == [g.token_ids for g in batch]
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.7, 0.9, 50), (1.5, 1.0, 5)])
+def test_logprobs_match_a_fresh_forward_pass(tok, temperature, top_p, top_k):
+    """log-softmax of logits / T before top-p / top-k filtering, at the sampled token, for every row of
+    a left-padded batch."""
+    pol = tiny_policy()
+    prompts = chat_prompts(tok)
+    sp = SamplingParams(max_new_tokens=8, temperature=temperature, top_p=top_p, top_k=top_k, seed=3)
+    gens = pol.generate(prompts, sp)
+    for p, g in zip(prompts, gens):
+        assert len(g.logprobs) == len(g.token_ids) == 8
+        expected = fresh_logprobs(pol, p, g.token_ids, temperature)
+        assert torch.allclose(torch.tensor(g.logprobs), expected, atol=1e-4), (g.logprobs, expected.tolist())
+
+
+def test_greedy_logprobs_use_temperature_one(tok):
+    pol = tiny_policy()
+    (p,) = chat_prompts(tok)[:1]
+    (g,) = pol.generate([p], SamplingParams(max_new_tokens=5, greedy=True, temperature=0.3))
+    assert torch.allclose(torch.tensor(g.logprobs), fresh_logprobs(pol, p, g.token_ids, 1.0), atol=1e-4)
+    # greedy = argmax of a fresh forward pass
+    ids = torch.tensor([p + g.token_ids])
+    with torch.no_grad():
+        logits = pol.model(ids).logits[0]
+    assert logits[len(p) - 1: -1].argmax(-1).tolist() == g.token_ids
+
+
+def test_finish_reasons_eos_and_length_in_one_batch(tok):
+    """Rows end at different steps; each is cut right after its EOS, and its log-probs stay exact."""
+    pol = eos_prone_policy()
+    prompts = chat_prompts(tok) * 3
+    sp = SamplingParams(max_new_tokens=12, seed=0)
+    gens = pol.generate(prompts, sp)
+    reasons = [g.finish_reason for g in gens]
+    assert set(reasons) == {"eos", "length"}, reasons
+    assert len({len(g.token_ids) for g in gens if g.finish_reason == "eos"}) > 1
+    for p, g in zip(prompts, gens):
+        if g.finish_reason == "eos":
+            assert g.token_ids[-1] == tok.eos_token_id and tok.eos_token_id not in g.token_ids[:-1]
+            assert len(g.token_ids) <= 12
+            assert not g.text.endswith(tok.eos_token)  # text is what the env gets: special tokens skipped
+        else:
+            assert len(g.token_ids) == 12 and tok.eos_token_id not in g.token_ids
+        assert torch.allclose(torch.tensor(g.logprobs), fresh_logprobs(pol, p, g.token_ids, 1.0), atol=1e-4)
+
+
+def test_greedy_eos_first(tok):
+    pol = eos_prone_policy(100.0)
+    (g,) = pol.generate(chat_prompts(tok)[:1], SamplingParams(max_new_tokens=6, greedy=True))
+    assert (g.token_ids, g.text, g.finish_reason) == ([tok.eos_token_id], "", "eos")
+    assert g.logprobs[0] == pytest.approx(0.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 3, 7])
+def test_max_new_tokens(tok, max_new_tokens):
+    gens = tiny_policy().generate(chat_prompts(tok), SamplingParams(max_new_tokens=max_new_tokens, seed=1))
+    assert [len(g.token_ids) for g in gens] == [max_new_tokens] * 3
+    assert {g.finish_reason for g in gens} == {"length"}
+
+
+def _sample(pol, prompts, **kw):
+    return [g.token_ids for g in pol.generate(prompts, SamplingParams(max_new_tokens=12, **kw))]
+
+
+def test_stop_string_cuts_at_the_completing_token_and_keeps_it(tok):
+    pol = tiny_policy()
+    prompts = chat_prompts(tok)
+    free = pol.generate(prompts, SamplingParams(max_new_tokens=12, seed=5))
+    ids = free[1].token_ids
+    pieces = [tok.decode([i]) for i in ids]
+    # a stop string that starts inside token 3 and is completed inside token 5 (mid-token)
+    j = next(j for j in range(5, 11) if len(pieces[j].strip()) >= 2 and len(pieces[j - 2]) >= 2)
+    stop = pieces[j - 2][-1] + pieces[j - 1] + pieces[j].strip()[0]
+    assert stop not in tok.decode(ids[:j])
+    cut = pol.generate(prompts, SamplingParams(max_new_tokens=12, seed=5, stop=(stop,)))
+    g = cut[1]
+    assert g.finish_reason == "stop" and g.token_ids == ids[: j + 1]
+    assert stop in g.text and g.text == tok.decode(ids[: j + 1])
+    assert g.logprobs == pytest.approx(free[1].logprobs[: j + 1], abs=1e-5)
+    # the other rows are unaffected by this row's stop (unless they contain it themselves)
+    for f, c in zip(free, cut):
+        if stop not in f.text:
+            assert c.token_ids == f.token_ids and c.finish_reason == "length"
+
+
+def test_seeded_sampling_is_reproducible(tok):
+    pol = tiny_policy()
+    prompts = chat_prompts(tok)
+    a = _sample(pol, prompts, seed=123)
+    assert _sample(pol, prompts, seed=123) == a
+    assert _sample(pol, prompts, seed=124) != a
+    assert _sample(pol, prompts, greedy=True) == _sample(pol, prompts, greedy=True)
+
+
+def test_generation_leaves_training_mode_alone(tok):
+    pol = tiny_policy()
+    pol.model.train()
+    try:
+        pol.generate(chat_prompts(tok)[:1], SamplingParams(max_new_tokens=2, greedy=True))
+        assert pol.model.training
+    finally:
+        pol.model.eval()
+
+
+def test_sampling_params_validation():
+    with pytest.raises(ValueError):
+        SamplingParams(max_new_tokens=0)
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=0.0)
+    with pytest.raises(ValueError):
+        SamplingParams(top_p=0.0)
+    assert SamplingParams(temperature=0.0, greedy=True).greedy
+    assert SamplingParams().replace(stop=("x",)).stop == ("x",)
+
+
+def test_real_smollm2_knows_the_capital_of_france():
+    pol = TransformersPolicy.from_pretrained("smollm2")
+    tok = pol.tokenizer
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France? Answer briefly."}],
+                                                tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    (g,) = pol.generate([prompt], SamplingParams(max_new_tokens=20, greedy=True))
+    assert "Paris" in g.text, g.text
+    assert g.finish_reason in ("eos", "length") and len(g.token_ids) <= 20
+    assert all(lp <= 0 for lp in g.logprobs)
