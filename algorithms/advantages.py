@@ -122,7 +122,8 @@ def rebn(returns: Sequence[float], eps: float = 1e-6) -> list[float]:
         return []
     g = torch.tensor([float(x) for x in returns], dtype=torch.float64)
     std = g.std(unbiased=False)
-    return ((g - g.mean()) / (std + eps)).tolist()
+    centred = g - g.mean()
+    return (centred / (std + eps) if std > 0 else centred).tolist()
 
 
 # --------------------------------------------------------------------------- GAE
@@ -181,8 +182,9 @@ def group_normalize(rewards: Sequence[float], group_ids: Sequence[Hashable | Non
             continue
         r = torch.tensor([float(rewards[i]) for i in members], dtype=torch.float64)
         a = r - r.mean()
-        if scale:
-            a = a / (r.std(unbiased=True) + eps)
+        std = r.std(unbiased=True)
+        if scale and std > 0:  # equal rewards: advantage 0 (not 0/0)
+            a = a / (std + eps)
         for i, v in zip(members, a.tolist()):
             out[i] = v
     return out

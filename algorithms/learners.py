@@ -394,7 +394,9 @@ class Learner:
         grad_norms: list[float] = []
         skipped = 0
         for _ in range(epochs):
-            order = torch.randperm(len(batch), generator=self._rng) if shuffle else torch.arange(len(batch))
+            # one minibatch: the order does not matter; keep the rows as given
+            shuffle_now = shuffle and mb_size < len(batch)
+            order = torch.randperm(len(batch), generator=self._rng) if shuffle_now else torch.arange(len(batch))
             for start in range(0, len(batch), mb_size):
                 stats = self._minibatch_step(batch.select(order[start:start + mb_size]), settings)
                 if stats is None:

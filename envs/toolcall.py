@@ -754,7 +754,11 @@ def _safe(text: str) -> str:
 
 
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=True, default=str)
+    """A key for "the same call": JSON with sorted keys (``repr`` for pathologically deep arguments)."""
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=True, default=str)
+    except (RecursionError, ValueError):
+        return repr(value)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -793,6 +797,8 @@ class ToolCallEnv(AgentEnv):
             retryable "temporarily unavailable" error.
         max_turns: turns before the episode is truncated (the ``timeout`` penalty).
         reward: a custom :class:`~agentgym.Reward` or new weights for the default terms.
+        tools_in_prompt: also list the tools in the system prompt (for chat templates without
+            ``tools=`` support, e.g. SmolLM2's); turn off when the template renders ``tool_specs()``.
 
     ``info`` of a tool step: ``tool``, ``tool_ok``, ``tool_error``, ``transient``, ``in_target``,
     ``redundant``, ``args_ok``, ``timely``, ``well_formed``; of the answer step: ``db_ok``,
@@ -806,7 +812,7 @@ class ToolCallEnv(AgentEnv):
 
     def __init__(self, split: str = "train", families: Sequence[str] | None = None, transient_rate: float = 0.2,
                  max_turns: int = 10, reward: Reward | Mapping[str, float] | None = None,
-                 max_action_chars: int = 16_384, render_mode: str | None = None):
+                 tools_in_prompt: bool = True, max_action_chars: int = 16_384, render_mode: str | None = None):
         if split not in _SPLIT_SEEDS:
             raise ValueError(f"split must be one of {sorted(_SPLIT_SEEDS)}, got {split!r}")
         families = list(FAMILIES) if families is None else list(families)
@@ -815,7 +821,7 @@ class ToolCallEnv(AgentEnv):
             raise ValueError(f"families must be a non-empty subset of {sorted(FAMILIES)}; unknown: {sorted(unknown)}")
         if not 0.0 <= transient_rate <= 1.0:
             raise ValueError(f"transient_rate must be in [0, 1], got {transient_rate}")
-        self.split, self.transient_rate = split, float(transient_rate)
+        self.split, self.transient_rate, self.tools_in_prompt = split, float(transient_rate), bool(tools_in_prompt)
         self.families = families
         shares = np.array([FAMILIES[f] for f in families], dtype=float)
         self._family_p = shares / shares.sum()
@@ -857,6 +863,8 @@ class ToolCallEnv(AgentEnv):
                 {"role": "user", "content": str(task["request"])}]
 
     def system_prompt(self, data: StoreData) -> str:
+        """The agent's instructions and the shop's public facts (what no-tool tasks are answered from)."""
+        tools = f"Tools:\n{_describe_tools(self.tools)}\n\n" if self.tools_in_prompt else ""
         return (
             "You are the customer-support agent of an online shop. Use the shop's tools to look things up or to "
             "change orders; answer directly when no tool is needed, since every call costs time.\n"
@@ -865,7 +873,7 @@ class ToolCallEnv(AgentEnv):
             "Its result comes back in the next message. When you are done, write your reply to the user inside "
             "<answer>...</answer>; this ends the conversation. State the facts asked for in the answer (prices in "
             "EUR, quantities, order numbers, store names, order status).\n\n"
-            f"Tools:\n{_describe_tools(self.tools)}\n\n"
+            f"{tools}"
             f"Shop facts: stores in {', '.join(data.locations)}. Returns are accepted within {data.return_days} days "
             f"of delivery. Standard shipping costs {_money(data.shipping_fee_cents)} and is free for orders of "
             f"{data.free_shipping_over_eur} EUR or more. Standard delivery takes {data.delivery_days} business days."
@@ -932,7 +940,7 @@ class ToolCallEnv(AgentEnv):
         effects = self.store.effects()
         assert self.store.data is not None
         db_ok = goal_met(self.task["goal"], self.store.data, effects)
-        text_ok = db_ok and answer_ok(self.task.get("answer_check"), answer, effects, self.task["goal"])
+        text_ok = answer_ok(self.task.get("answer_check"), answer, effects, self.task["goal"])
         self._success = bool(db_ok and text_ok)
         info = {"db_ok": db_ok, "answer_ok": text_ok, "success": self._success, "well_formed": blocks == 1,
                 "timely": not self._outstanding() and "<tool_call>" not in action}

@@ -20,11 +20,15 @@ from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import Generation, SamplingParams
 from agentgym.trajectory import Trajectory, check_trajectory
 
-__all__ = ["ENV_IDS", "STYLES", "tok", "one_torch_thread", "cached_tokenizer", "tiny_policy", "eos_prone_policy",
-           "RecordingPolicy", "split_messages", "assert_faithful", "assert_snapshots_are_prefixes",
-           "UNICODE_ACTIONS"]
+__all__ = ["ENV_IDS", "COVERAGE_ENV", "STYLES", "UNICODE_ACTIONS", "tok", "one_torch_thread", "cached_tokenizer",
+           "tiny_policy", "eos_prone_policy", "RecordingPolicy", "split_messages", "assert_faithful",
+           "assert_snapshots_are_prefixes"]
 
 ENV_IDS = agentgym.list_envs()   # every registered env, so new envs are covered automatically
+# Invariants are asserted on every env. Coverage assertions (that a run really produced EOS, length and
+# stop finishes, several turns, truncated observations) need an env whose dynamics the test knows:
+# this one (multi-turn, long "invalid action" messages, max_turns=4).
+COVERAGE_ENV = "agentgym/Arithmetic-v0"
 STYLES = ("chat", "continuation")
 
 # Actions that any env must survive: garbage, markup, a tool call, multi-byte text and emoji,

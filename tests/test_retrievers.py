@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
@@ -103,6 +104,8 @@ def test_hit_wire_format_is_search_r1s():
     assert hit.text == "Paris is the capital.\nSecond line."
     with pytest.raises(ValueError, match="contents"):
         Hit.from_dict({"document": {"id": "1"}})
+    bare = Hit.from_dict({"id": "1", "contents": "x"})  # Search-R1's intended return_scores=false item
+    assert (bare.doc_id, bare.contents) == ("1", "x") and np.isnan(bare.score)
 
 
 def test_corpus_accepts_search_r1_rows_and_names_bad_ones(tmp_path: Path):
@@ -117,6 +120,10 @@ def test_corpus_accepts_search_r1_rows_and_names_bad_ones(tmp_path: Path):
         Corpus.from_jsonl(path)
     with pytest.raises(FileNotFoundError):
         Corpus.from_jsonl(tmp_path / "missing.jsonl")
+    gz = tmp_path / "corpus.jsonl.gz"
+    with gzip.open(gz, "wt", encoding="utf-8") as f:
+        f.write('{"id": "a", "contents": "\\"Ünï\\"\\ncode"}\n')
+    assert Corpus.coerce(gz).contents == ['"Ünï"\ncode']
 
 
 @pytest.mark.parametrize("name", ["flat", "bm25"])
@@ -317,21 +324,25 @@ def test_bm25_save_load_round_trip(bm25, data, tmp_path: Path):
 
 # -- build_index / load_retriever -----------------------------------------------------------
 
-def test_build_index_from_jsonl_and_reload(data, tmp_path: Path):
+def test_build_index_from_jsonl_and_reload(data, embeddings, tmp_path: Path):
     docs, questions = data
     corpus_path = tmp_path / "corpus.jsonl"
-    corpus_path.write_text("".join(json.dumps(d) + "\n" for d in docs[:60]))
-    queries = [q.question for q in questions[:60]]
+    corpus_path.write_text("".join(json.dumps(d) + "\n" for d in docs[:40]))
+    queries = [q.question for q in questions[:40]]
 
     built = build_index(corpus_path, tmp_path / "bm25", kind="bm25")
     assert_same_results(built.search(queries, 3), load_retriever(tmp_path / "bm25").search(queries, 3))
 
+    # IVF from scratch: trained on an encoded sample, then encoded and added chunk by chunk.
     t0 = time.perf_counter()
-    built = build_index(corpus_path, tmp_path / "dense", kind="dense", index_type="hnsw")
+    built = build_index(corpus_path, tmp_path / "dense", kind="dense", index_type="ivf", nlist=2, nprobe=2, batch_size=8)
     assert time.perf_counter() - t0 < 60
     reloaded = load_retriever(tmp_path / "dense")
-    assert isinstance(reloaded, DenseRetriever) and reloaded.index_type == "hnsw"
+    assert isinstance(reloaded, DenseRetriever) and reloaded.index_type == "ivf" and reloaded.nlist == 2
     assert_same_results(built.search(queries, 3), reloaded.search(queries, 3))
+    # Same answers as an index built from embeddings computed in one pass.
+    from_embeddings = DenseRetriever(index_type="flat").build(docs[:40], embeddings=embeddings[:40])
+    assert_same_results(built.search(queries, 3), from_embeddings.search(queries, 3), atol=1e-4)
 
     with pytest.raises(FileExistsError, match="overwrite"):
         build_index(corpus_path, tmp_path / "bm25", kind="bm25")

@@ -5,6 +5,7 @@ debug checks; plus ``cut_at_stop`` and Gymnasium's vector envs over our text spa
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import gymnasium
@@ -19,8 +20,9 @@ from agentgym.policy import Generation, SamplingParams, cut_at_stop
 from agentgym.rollout import RolloutConfig, RolloutEngine, summarize
 from agentgym.trajectory import Trajectory, check_trajectory
 
-from fixtures_llm import (ENV_IDS, STYLES, UNICODE_ACTIONS, RecordingPolicy, assert_faithful,  # noqa: F401
-                          cached_tokenizer, eos_prone_policy, one_torch_thread, split_messages, tok)
+from fixtures_llm import (COVERAGE_ENV, ENV_IDS, STYLES, UNICODE_ACTIONS,  # noqa: F401  (fixtures)
+                          RecordingPolicy, assert_faithful, assert_snapshots_are_prefixes, cached_tokenizer,
+                          eos_prone_policy, one_torch_thread, split_messages, tok)
 
 ARITH = "agentgym/Arithmetic-v0"
 
@@ -33,10 +35,11 @@ def arithmetic_oracle(ctx):
     return "<answer>%s</answer>" % t["answers"][0]
 
 
-def varied_script(ctx):
-    """Env-agnostic actions, shifted per episode (by its task text) so a batch mixes them."""
-    shift = sum(map(ord, ctx["messages"][-1]["content"])) if ctx["messages"] else 0
-    return UNICODE_ACTIONS[(ctx["turn"] + shift) % len(UNICODE_ACTIONS)]
+def varied_script():
+    """Env-agnostic actions in rotation: consecutive replies (within a batch too) differ, so every
+    turn of a batch mixes short replies (EOS) with long ones (cut by max_new_tokens)."""
+    counter = itertools.count()
+    return lambda ctx: UNICODE_ACTIONS[next(counter) % len(UNICODE_ACTIONS)]
 
 
 def find_tasks(difficulty: str, n: int) -> list[int]:
@@ -60,7 +63,7 @@ def assert_calls_match_trajectories(policy: RecordingPolicy, trajs: list[Traject
 @pytest.mark.parametrize("style", STYLES)
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_scripted_rollout_is_faithful(env_id, style, tok):
-    policy = RecordingPolicy(ScriptedPolicy(tok, varied_script))
+    policy = RecordingPolicy(ScriptedPolicy(tok, varied_script()))
     engine = RolloutEngine(policy, RolloutConfig(sampling=SamplingParams(max_new_tokens=14), style=style,
                                                  debug_checks=True))
     batch = engine.collect(env_id, num_groups=3, group_size=2, seed=1)
@@ -82,7 +85,8 @@ def test_random_model_rollout_is_faithful(env_id, style, tok):
     batch = engine.collect(env_id, num_groups=2, group_size=2, seed=0)
     engine.close()
     reasons = Counter(r for t in batch.trajectories for r in t.finish_reasons)
-    assert set(reasons) == {"eos", "stop", "length"}, reasons
+    if env_id == COVERAGE_ENV:
+        assert set(reasons) == {"eos", "stop", "length"}, reasons
     # the env's stop strings were added to ours
     base = agentgym.make(env_id).unwrapped
     assert set(policy.calls[0][1].stop) == {"ing", *base.stop_strings}
@@ -109,10 +113,7 @@ def test_snapshots_captured_by_a_script(tok):
     traj = engine.collect(ARITH, task_indices=[find_tasks("easy", 1)[0]], seed=0).trajectories[0]
     assert traj.num_turns == 4 and len(seen) == 4  # no answer among the first four actions: max_turns
     gens = [g for _, _, gs in policy.calls for g in gs]
-    for k in range(4):
-        head = seen[k] + gens[k].token_ids
-        nxt = seen[k + 1] if k + 1 < 4 else traj.token_ids
-        assert nxt[: len(head)] == head
+    assert_snapshots_are_prefixes(seen, gens, traj.token_ids)
     assert traj.truncated and not traj.terminated
 
 
@@ -207,7 +208,8 @@ def test_metrics(tok):
     assert m["generated_tokens"] == sum(sum(t.loss_mask) for t in trajs)
     env_tokens = sum(len(t.token_ids) - t.prompt_length - sum(t.loss_mask) for t in trajs)
     assert env_tokens > 0
-    assert m["masked_token_fraction"] == pytest.approx(env_tokens / sum(len(t.token_ids) - t.prompt_length for t in trajs))
+    after_prompt = sum(len(t.token_ids) - t.prompt_length for t in trajs)
+    assert m["masked_token_fraction"] == pytest.approx(env_tokens / after_prompt)
     assert m["time/wall_s"] >= m["time/generate_s"] + m["time/env_s"] + m["time/format_s"] - 1e-6 >= 0
     assert summarize([]) == {}
     assert summarize(trajs)["reward_mean"] == m["reward_mean"]
@@ -267,7 +269,8 @@ def test_scripted_policy_finish_reasons(tok):
     eos = tok.eos_token_id
 
     def gen(max_new_tokens, add_eos=True):
-        (g,) = ScriptedPolicy(tok, [reply], add_eos=add_eos).generate([[1]], SamplingParams(max_new_tokens=max_new_tokens))
+        policy = ScriptedPolicy(tok, [reply], add_eos=add_eos)
+        (g,) = policy.generate([[1]], SamplingParams(max_new_tokens=max_new_tokens))
         return g.token_ids, g.text, g.finish_reason
 
     assert gen(n + 1) == (tok.encode(reply, add_special_tokens=False) + [eos], reply, "eos")
@@ -306,7 +309,8 @@ def test_debug_checks_raise_on_a_broken_trajectory(tok):
         RolloutEngine(MismatchedTextPolicy(tok), RolloutConfig(debug_checks=True)).collect(ARITH, seed=0)
     # without debug checks the broken trajectory comes back, and the checker names the problem
     (t,) = RolloutEngine(MismatchedTextPolicy(tok), RolloutConfig()).collect(ARITH, seed=0).trajectories
-    assert check_trajectory(t, tok) == ["turn 0: decoded span '<answer>1</answer>' != sampled text '<answer>2</answer>'"]
+    assert check_trajectory(t, tok) == [
+        "turn 0: decoded span '<answer>1</answer>' != sampled text '<answer>2</answer>'"]
 
 
 def test_check_trajectory_finds_each_kind_of_corruption(tok):

@@ -108,9 +108,9 @@ def test_tasks_are_deterministic_json_and_splits_differ():
 
 
 def test_generator_covers_every_family_with_consistent_targets(env):
-    tasks = [env.get_task(i) for i in range(600)]
+    tasks = [env.get_task(i) for i in range(400)]
     counts = {f: sum(t["family"] == f for t in tasks) for f in FAMILIES}
-    assert all(n >= 20 for n in counts.values()), counts
+    assert all(n >= 15 for n in counts.values()), counts
     tool_tasks = [t for t in tasks if t["plan"]]
     injected = sum(t["transient_tool"] is not None for t in tool_tasks) / len(tool_tasks)
     assert 0.12 <= injected <= 0.28
@@ -163,8 +163,9 @@ def test_oracle_solves_every_task_via_env_step(split):
 
 @pytest.fixture(scope="module")
 def tok():
-    from agentgym.policies.models import load_tokenizer
-    return load_tokenizer()
+    """The real SmolLM2 tokenizer (``load_tokenizer()``), loaded once per test session."""
+    from fixtures_llm import cached_tokenizer
+    return cached_tokenizer()
 
 
 def test_oracle_solves_every_task_through_the_rollout_engine(tok):
@@ -201,6 +202,10 @@ def test_tool_specs_and_system_prompt(env):
     for name in TOOL_NAMES:
         assert f"- {name}(" in system  # described for chat templates without tools=
     assert "<tool_call>" in system and "<answer>" in system
+    quiet = ToolCallEnv(tools_in_prompt=False)  # for chat templates that render tool_specs() themselves
+    bare = quiet.reset(seed=0)[0][0]["content"]
+    assert "- search_product(" not in bare and "<tool_call>" in bare and len(bare) < len(system)
+    quiet.close()
 
 
 def test_observations_hide_the_hidden_state(env):
@@ -534,7 +539,7 @@ def test_fuzz_tool_calls_with_random_arguments():
     env = gym.make(ENV_ID)
     env.reset(seed=0)
 
-    @settings(max_examples=300, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=200, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(st.one_of(_tool_actions, st.text(max_size=40)))
     def run(action):

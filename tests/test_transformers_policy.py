@@ -9,12 +9,13 @@ import torch
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import Policy, SamplingParams
 
-from fixtures_llm import cached_tokenizer, eos_prone_policy, one_torch_thread, tiny_policy, tok  # noqa: F401
+from fixtures_llm import eos_prone_policy, one_torch_thread, tiny_policy, tok  # noqa: F401  (fixtures)
 
 CHATS = [
     [{"role": "user", "content": "Hi"}],
     [{"role": "system", "content": "You solve arithmetic questions."}, {"role": "user", "content": "What is 12 * 34?"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Ünïcödé 😀 — summarise: " + "lorem ipsum " * 12},
+    [{"role": "system", "content": "Be brief."},
+     {"role": "user", "content": "Ünïcödé 😀 — summarise: " + "lorem ipsum " * 12},
      {"role": "assistant", "content": "Sure."}, {"role": "user", "content": "Go on."}],
 ]
 
@@ -25,7 +26,8 @@ def chat_prompts(tok) -> list[list[int]]:
             for c in CHATS]
 
 
-def fresh_logprobs(policy: TransformersPolicy, prompt: list[int], gen_ids: list[int], temperature: float) -> torch.Tensor:
+def fresh_logprobs(policy: TransformersPolicy, prompt: list[int], gen_ids: list[int],
+                   temperature: float) -> torch.Tensor:
     """log_softmax(logits / T) at the sampled tokens, from one unpadded forward pass over prompt + generation."""
     ids = torch.tensor([list(prompt) + list(gen_ids)])
     with torch.no_grad():
@@ -176,8 +178,9 @@ def test_sampling_params_validation():
 def test_real_smollm2_knows_the_capital_of_france():
     pol = TransformersPolicy.from_pretrained("smollm2")
     tok = pol.tokenizer
-    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France? Answer briefly."}],
-                                                tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    question = [{"role": "user", "content": "What is the capital of France? Answer briefly."}]
+    prompt = tok.encode(tok.apply_chat_template(question, tokenize=False, add_generation_prompt=True),
+                        add_special_tokens=False)
     (g,) = pol.generate([prompt], SamplingParams(max_new_tokens=20, greedy=True))
     assert "Paris" in g.text, g.text
     assert g.finish_reason in ("eos", "length") and len(g.token_ids) <= 20

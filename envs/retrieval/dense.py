@@ -20,7 +20,7 @@ import importlib.util
 import math
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -65,6 +65,10 @@ def resolve_model(model: str | None) -> tuple[str, bool]:
     """``(path_or_name, is_default)``; ``None`` and the MiniLM hub names map to the packaged copy."""
     if model is None or model.lower() in _DEFAULT_ALIASES:
         return default_model_path(), True
+    if Path(model).is_dir():  # one cache entry and a meta that still works from another cwd
+        path = str(Path(model).resolve())
+        spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+        return path, spec is not None and path == str(Path(default_model_path()).resolve())
     return model, False
 
 
@@ -122,6 +126,10 @@ class DenseRetriever(Retriever):
 
     ``query_prefix``/``passage_prefix`` default to ``None`` = pick by model name (e5 → ``"query: "``
     / ``"passage: "``, else none); pass ``""`` to force no prefix.
+
+    ``search`` may be called from many threads: encodes on the shared model are serialised by its
+    lock and faiss searches are read-only (knobs travel per call). ``build``/``load`` are not meant
+    to run concurrently with searches on the same object.
     """
 
     kind: ClassVar[str] = "dense"
@@ -185,22 +193,28 @@ class DenseRetriever(Retriever):
         """Unit-norm float32 embeddings, ``query_prefix`` applied; one encode call for the batch."""
         return self._encode(queries, self.query_prefix, self.query_batch_size)
 
-    def encode_passages(
+    def iter_passage_embeddings(
         self, passages: Sequence[str], batch_size: int = 64, show_progress: bool | None = None
-    ) -> np.ndarray:
-        """Unit-norm float32 embeddings, ``passage_prefix`` applied; chunked so a tqdm bar can
-        report progress on large corpora (shown by default from 5,000 passages)."""
+    ) -> Iterator[np.ndarray]:
+        """Unit-norm float32 embeddings in chunks, ``passage_prefix`` applied, with a tqdm bar
+        (shown by default from 5,000 passages). Chunks let ``build`` add as it goes instead of
+        holding every embedding next to the index (for wiki-18 with e5: 64 GB each)."""
         from tqdm.auto import tqdm
 
         n = len(passages)
-        out = np.empty((n, self.dim), dtype=np.float32)
         chunk = max(batch_size * 16, 1)
         show = n >= 5000 if show_progress is None else show_progress
         with tqdm(total=n, desc="encoding passages", unit="doc", disable=not show) as bar:
             for start in range(0, n, chunk):
-                out[start : start + chunk] = self._encode(passages[start : start + chunk], self.passage_prefix, batch_size)
+                yield self._encode(passages[start : start + chunk], self.passage_prefix, batch_size)
                 bar.update(min(chunk, n - start))
-        return out
+
+    def encode_passages(
+        self, passages: Sequence[str], batch_size: int = 64, show_progress: bool | None = None
+    ) -> np.ndarray:
+        """All passage embeddings as one ``(n, dim)`` array."""
+        chunks = list(self.iter_passage_embeddings(passages, batch_size, show_progress))
+        return np.concatenate(chunks) if chunks else np.empty((0, self.dim), dtype=np.float32)
 
     # -- index ------------------------------------------------------------------------------
     def _new_index(self, n: int) -> faiss.Index:
@@ -224,25 +238,33 @@ class DenseRetriever(Retriever):
         show_progress: bool | None = None,
         embeddings: np.ndarray | None = None,
     ) -> DenseRetriever:
-        """Encode ``corpus`` and index it. ``embeddings`` (unit-norm, from ``encode_passages`` with the
-        same model and prefix) skips the encoding, e.g. to build several index types from one pass."""
+        """Encode ``corpus`` and index it, chunk by chunk. ``embeddings`` (unit-norm, from
+        ``encode_passages`` with the same model and prefix) skips the encoding, e.g. to build
+        several index types from one pass. IVF is trained on a seeded sample of at most 256
+        passages per list (faiss ignores more), encoded once more for the purpose."""
         corpus = Corpus.coerce(corpus)
         n = len(corpus)
         if n == 0:
             raise ValueError("cannot build an index over an empty corpus")
-        if embeddings is None:
-            embeddings = self.encode_passages(corpus.contents, batch_size=batch_size, show_progress=show_progress)
-        embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
-        if embeddings.shape != (n, self.dim):
-            raise ValueError(f"embeddings have shape {embeddings.shape}, expected {(n, self.dim)}")
+        if embeddings is not None:
+            embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+            if embeddings.shape != (n, self.dim):
+                raise ValueError(f"embeddings have shape {embeddings.shape}, expected {(n, self.dim)}")
         index = self._new_index(n)
         if self.index_type == "ivf":
-            sample = embeddings
-            if n > 256 * self.nlist:  # faiss uses at most 256 points per centroid anyway
-                rows = np.random.default_rng(0).choice(n, 256 * self.nlist, replace=False)
-                sample = embeddings[np.sort(rows)]
+            rows = np.arange(n)
+            if n > 256 * self.nlist:
+                rows = np.sort(np.random.default_rng(0).choice(n, 256 * self.nlist, replace=False))
+            if embeddings is not None:
+                sample = embeddings[rows]
+            else:
+                sample = self.encode_passages([corpus.contents[i] for i in rows], batch_size, show_progress=False)
             index.train(sample)
-        index.add(embeddings)
+        if embeddings is not None:
+            index.add(embeddings)
+        else:
+            for chunk in self.iter_passage_embeddings(corpus.contents, batch_size, show_progress):
+                index.add(chunk)
         self._index, self._corpus = index, corpus
         return self
 

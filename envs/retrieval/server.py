@@ -16,10 +16,12 @@ Differences from Search-R1, all on invalid input (which Search-R1 answers with a
 ``queries`` must be a non-empty list of strings of at most ``max_queries`` items; ``topk`` must be
 an int in ``[1, max_topk]`` (Search-R1 treats 0 as "default"; we reject it). Violations get HTTP
 422 with FastAPI's ``detail`` naming the field; a body that is not JSON gets 422 too. Empty or
-blank query strings are valid and get ``[]``, as in ``Retriever.search``.
+blank query strings are valid and get ``[]``, as in ``Retriever.search`` (Search-R1 would embed
+the empty string and return its nearest passages).
 
-Concurrency. One worker thread owns the retriever: faiss parameter state and HF tokenizers are
-not safe to drive from many threads, and batching is where the speed is anyway. Requests are
+Concurrency. One worker thread owns the retriever: HF fast tokenizers are not safe to drive from
+many threads, any user-supplied ``Retriever`` then needs no locking of its own, and batching is
+where the speed is anyway. Requests are
 queued; each time the worker is free it takes *everything* queued (up to ``max_batch_queries``),
 runs one ``search`` per distinct ``topk`` and resolves every request's future. Under load that
 coalesces concurrent requests into one encoder call; with one client it adds no waiting.
@@ -98,7 +100,13 @@ class BatchingWorker:
                     break
                 jobs.append(job)
                 n += len(job.queries)
-            self._process(jobs)
+            try:
+                self._process(jobs)
+            except BaseException as e:  # never leave a request waiting on a dead worker
+                logger.exception("retrieval worker failed")
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(e)
             if stop:
                 return
 

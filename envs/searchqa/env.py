@@ -11,6 +11,7 @@ retrieval server (``agentgym retriever serve``) is used with ``retriever="http:/
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from typing import Any, Mapping, Sequence
@@ -20,7 +21,6 @@ import numpy as np
 
 from agentgym import AgentEnv, Reward, Tool, ToolSet, Transition, shaper
 from agentgym.parsing import all_tag_contents, first_tag, last_tag_content, parse_tool_calls, tag_format_errors
-from agentgym.envs.searchqa.data import split_title
 from agentgym.rewards import CallCost, ExactMatch, InvalidActionPenalty, StepEvent, TokenF1, exact_match, normalize_answer
 
 __all__ = ["SearchQAEnv", "SEARCH_R1_PROMPT", "SEARCH_R1_INVALID", "make_search_r1_prompt", "format_passages",
@@ -47,7 +47,7 @@ SEARCH_R1_INVALID = (
 CHAT_SYSTEM_PROMPT = (
     "You answer questions about a world you do not know; a search engine over an encyclopedia of that world "
     "is available as the tool `search`. Call it by writing\n"
-    '<tool_call>{{"name": "search", "arguments": {{"query": "..."}}}}</tool_call>\n'
+    '<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>\n'
     "and the top results come back as a tool message. Search only when you need knowledge you lack; each "
     "search may cost. When you know the answer, reply with <answer>ANSWER</answer> (a few words, no explanation)."
 )
@@ -65,8 +65,10 @@ def format_passages(hits: Sequence[Any]) -> str:
     """``Doc {i}(Title: {title}) {text}\\n`` per passage, i from 1 (Search-R1 `_passages2string`)."""
     out = []
     for i, h in enumerate(hits, start=1):
-        # Search-R1 `_passages2string`: title = the first line of `contents` as is (its quotes kept).
-        title, text = split_title(h.contents, strip_quotes=False)
+        # Search-R1 `_passages2string`: title = the first line of `contents` verbatim (quotes and any
+        # surrounding spaces kept), text = the remaining lines joined by "\n".
+        lines = h.contents.split("\n")
+        title, text = lines[0], "\n".join(lines[1:])
         out.append(f"Doc {i}(Title: {title}) {text}\n")
     return "".join(out)
 
@@ -305,12 +307,15 @@ class SearchQAEnv(AgentEnv):
         if parsed.errors:
             return self.invalid(f"Invalid tool call: {parsed.errors[0]}", parsed=parsed)
         call = parsed.calls[0]
+        if call.name != "search" or self.tools["search"].validation_errors(call.arguments):
+            # Unknown tool or arguments against the schema: the tool set's error message (nothing runs),
+            # on the forced turn too.
+            result = self.tools.call(call.name, call.arguments)
+            return self.invalid(result.content, parsed=call, role="tool")
         if self._forced_turn():
             return Transition([{"role": "tool", "name": call.name, "content": "No more searches: answer now."}],
-                              "search", parsed=call, info={"search_executed": False, "retrieved_text": ""})
-        if call.name != "search":
-            result = self.tools.call(call.name, call.arguments)  # unknown tool → a tool error message
-            return self.invalid(result.content, parsed=call, role="tool")
+                              "search", parsed=call, info={"query": call.arguments["query"], "search_executed": False,
+                                                           "retrieved_text": ""})
         result = self.tools.call("search", call.arguments)
         if not result.ok:
             return self.invalid(result.content, parsed=call, role="tool")
@@ -336,6 +341,15 @@ class SearchQAEnv(AgentEnv):
             return f"<think>I need to look this up.</think><search>{task['question']}</search>"
         return f"<think>I know the answer now.</think><answer>{answer}</answer>"
 
+    @staticmethod
+    def chat_oracle(context: Mapping[str, Any]) -> str:
+        """:meth:`oracle` for ``protocol="chat"``: one JSON ``search`` tool call when needed, then gold."""
+        task = context["task"]
+        if task.get("needs_search", True) and context.get("turn", 0) == 0:
+            call = {"name": "search", "arguments": {"query": task["question"]}}
+            return f"<tool_call>{json.dumps(call, ensure_ascii=False)}</tool_call>"
+        return f"<answer>{task['answers'][0]}</answer>"
+
 
 class MaskRetrievedTokens(gym.ObservationWrapper):
     """Seed-002 observation masking: replace a ``fraction`` of the retrieved words in each search
@@ -352,14 +366,14 @@ class MaskRetrievedTokens(gym.ObservationWrapper):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         if seed is not None:
             self._rng = np.random.default_rng(seed)
-        return super().reset(seed=seed, options=options)
+        # The reset observation is the task prompt, never retrieved text (and Search-R1's prompt itself
+        # mentions "<information> and </information>"): it passes through unmasked.
+        return self.env.reset(seed=seed, options=options)
 
     def _mask(self, text: str) -> str:
-        words = text.split(" ")
-        for i, w in enumerate(words):
-            if w and self._rng.random() < self.fraction:
-                words[i] = self.mask_token
-        return " ".join(words)
+        # A word is a run of non-whitespace; the whitespace between words (newlines between passages)
+        # is kept, so the observation's layout survives masking.
+        return re.sub(r"\S+", lambda m: self.mask_token if self._rng.random() < self.fraction else m.group(0), text)
 
     def observation(self, obs: list[dict[str, str]]) -> list[dict[str, str]]:
         out = []

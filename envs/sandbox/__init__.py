@@ -1,0 +1,1 @@
+"""Code-execution sandboxes (temporary init; replaced below)."""

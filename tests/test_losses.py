@@ -1,0 +1,328 @@
+"""The loss core: log-probs, ratio clipping, aggregation, KL estimators, entropy, value loss; the
+retrieved-token mask proven on gradients (synthetic logits, then a real model inside each learner);
+a non-finite loss skips the update."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentgym.algorithms import losses
+from agentgym.algorithms.batch import collate
+from agentgym.algorithms.learners import LearnerConfig, make_learner
+from agentgym.algorithms.losses import (LossSettings, aggregate, clipped_surrogate, clipped_value_loss,
+                                        entropy_from_logits, kl_penalty, ppo_objective, reinforce_surrogate,
+                                        token_logprobs)
+from agentgym.policies.transformers_policy import TransformersPolicy
+from agentgym.policy import SamplingParams
+from agentgym.rollout import RolloutConfig, RolloutEngine
+
+from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse fixture)
+
+LN2 = math.log(2.0)
+
+
+# --------------------------------------------------------------------------- log-probs and entropy
+
+def test_trl_selective_log_softmax_is_found_and_agrees():
+    fn = losses._trl_selective_log_softmax()
+    assert fn is not None, "trl.trainer.utils.selective_log_softmax should be importable with trl 1.16"
+    logits = torch.randn(2, 5, 11, generator=torch.Generator().manual_seed(0))
+    index = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(1))
+    expected = logits.log_softmax(-1).gather(-1, index[..., None]).squeeze(-1)
+    assert torch.allclose(fn(logits, index), expected, atol=1e-6)
+    assert torch.allclose(losses._own_selective_log_softmax(logits, index), expected, atol=1e-6)
+
+
+def test_token_logprobs_are_aligned_with_tokens_and_use_the_temperature():
+    # vocabulary of 3; logits at position t predict token t+1
+    logits = torch.tensor([[[0.0, 0.0, LN2], [LN2, 0.0, 0.0], [0.0, 0.0, 0.0]]])  # (1, 3, 3)
+    ids = torch.tensor([[1, 2, 0]])
+    logp, ent = token_logprobs(logits, ids, with_entropy=True)
+    # token 2 after position 0: softmax(0, 0, ln2) = (1/4, 1/4, 1/2) -> log 1/2; token 0 after position 1: log 1/2
+    assert logp.tolist()[0] == pytest.approx([0.0, math.log(0.5), math.log(0.5)])
+    # entropy of (1/4, 1/4, 1/2) = 2·(1/4)·ln 4 + (1/2)·ln 2 = 1.5·ln 2
+    assert ent.tolist()[0] == pytest.approx([0.0, 1.5 * LN2, 1.5 * LN2])
+    # temperature 0.5: logits doubled -> softmax(0, 0, 2 ln2) = (1/6, 1/6, 4/6)
+    logp_t, _ = token_logprobs(logits, ids, temperature=0.5)
+    assert logp_t[0, 1].item() == pytest.approx(math.log(4 / 6))
+    # offset 1: only the logits from position 1 on are given; position <= 1 is 0
+    logp_o, _ = token_logprobs(logits[:, 1:], ids, offset=1)
+    assert logp_o.tolist()[0] == pytest.approx([0.0, 0.0, math.log(0.5)])
+    with pytest.raises(ValueError):
+        token_logprobs(logits, ids, temperature=0.0)
+
+
+def test_entropy_closed_forms():
+    assert entropy_from_logits(torch.zeros(1, 8)).item() == pytest.approx(math.log(8))   # uniform: log V
+    assert entropy_from_logits(torch.tensor([[0.0, -1e4, -1e4]])).item() == pytest.approx(0.0, abs=1e-6)
+    # chunking does not change anything
+    x = torch.randn(7, 5, 13, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(entropy_from_logits(x, chunk_rows=3), entropy_from_logits(x))
+
+
+# --------------------------------------------------------------------------- surrogates
+
+def test_clipped_surrogate_by_hand():
+    # ratios 1.5, 1.5, 0.5, 0.5, 1.1 with advantages +1, -1, +1, -1, +1 and eps 0.2
+    ratio = torch.tensor([1.5, 1.5, 0.5, 0.5, 1.1])
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0])
+    logp = torch.log(ratio).requires_grad_()
+    loss, r, clipped = clipped_surrogate(logp, torch.zeros(5), adv, clip_eps=0.2)
+    # +1, 1.5: max(-1.5, -1.2) = -1.2 (clipped)   -1, 1.5: max(1.5, 1.2) = 1.5
+    # +1, 0.5: max(-0.5, -0.8) = -0.5             -1, 0.5: max(0.5, 0.8) = 0.8 (clipped)   +1, 1.1: -1.1
+    assert loss.tolist() == pytest.approx([-1.2, 1.5, -0.5, 0.8, -1.1])
+    assert r.tolist() == pytest.approx(ratio.tolist())
+    assert clipped.tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
+    loss.sum().backward()
+    # clipped tokens have no gradient; the others -A·ratio
+    assert logp.grad.tolist() == pytest.approx([0.0, 1.5, -0.5, 0.0, -1.1])
+
+
+def test_clip_higher_widens_only_the_upper_bound():
+    ratio = torch.tensor([1.5, 0.5])
+    adv = torch.tensor([1.0, -1.0])
+    loss, _, _ = clipped_surrogate(torch.log(ratio), torch.zeros(2), adv, clip_eps=0.2, clip_eps_high=0.28)
+    # upper bound 1.28: -min(1.5, 1.28) = -1.28; lower bound still 0.8: max(0.5, 0.8) = 0.8
+    assert loss.tolist() == pytest.approx([-1.28, 0.8])
+
+
+def test_reinforce_surrogate_gradient_is_minus_advantage():
+    logp = torch.tensor([-1.0, -2.0], requires_grad=True)
+    reinforce_surrogate(logp, torch.tensor([2.0, -0.5])).sum().backward()
+    assert logp.grad.tolist() == [-2.0, 0.5]
+
+
+# --------------------------------------------------------------------------- aggregation
+
+VALUES = torch.tensor([[1.0, 2.0, 3.0, 0.0], [4.0, 0.0, 0.0, 0.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+
+
+def test_aggregation_modes_by_hand():
+    # token-mean: (1+2+3+4) / 4 tokens = 2.5
+    assert aggregate(VALUES, MASK, "token-mean").item() == pytest.approx(2.5)
+    # seq-mean-token-sum with the constant 4: (6/4 + 4/4) / 2 = 1.25; with 10: (0.6 + 0.4) / 2 = 0.5
+    assert aggregate(VALUES, MASK, "seq-mean-token-sum").item() == pytest.approx(1.25)
+    assert aggregate(VALUES, MASK, "seq-mean-token-sum", max_len=10).item() == pytest.approx(0.5)
+    # seq-mean-token-mean: (6/3 + 4/1) / 2 = 3
+    assert aggregate(VALUES, MASK, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        aggregate(VALUES, MASK, "sum")
+
+
+@pytest.mark.parametrize("mode", losses.LOSS_AGG_MODES)
+def test_aggregation_over_micro_batches_adds_up_to_the_whole(mode):
+    whole = aggregate(VALUES, MASK, mode, max_len=4)
+    parts = sum(aggregate(VALUES[i:i + 1], MASK[i:i + 1], mode, num_tokens=MASK.sum(), num_seqs=2, max_len=4)
+                for i in range(2))
+    assert parts.item() == pytest.approx(whole.item())
+
+
+# --------------------------------------------------------------------------- KL
+
+def test_kl_estimators_by_hand():
+    # p(x) = 1/2 under the policy, 1/4 under the reference: d = ln 2
+    logp, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    assert kl_penalty(logp, ref, "k1").item() == pytest.approx(LN2)             # d
+    assert kl_penalty(logp, ref, "k2").item() == pytest.approx(0.5 * LN2 ** 2)  # d²/2 = 0.2402
+    assert kl_penalty(logp, ref, "k3").item() == pytest.approx(0.5 + LN2 - 1)   # e^-d + d - 1 = 0.1931
+    assert kl_penalty(logp, ref, "low_var_kl").item() == pytest.approx(0.5 + LN2 - 1)
+    with pytest.raises(ValueError, match="unknown KL estimator"):
+        kl_penalty(logp, ref, "k4")
+
+
+def test_kl_estimators_against_the_closed_form_kl():
+    # categorical p, q over 4 outcomes; the expectation under p of k1 and k3 is exactly KL(p‖q)
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    q = torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=torch.float64)
+    kl = (p * (p / q).log()).sum().item()   # = Σ p ln(4p) = 0.106440
+    assert kl == pytest.approx(0.106440, abs=1e-6)
+    for est in ("k1", "k3", "low_var_kl"):
+        assert (p * kl_penalty(p.log(), q.log(), est)).sum().item() == pytest.approx(kl, rel=1e-9)
+    # k2 is biased; for close distributions its expectation is the KL to second order: ½ E[d²] ≈ KL
+    k2 = (p * kl_penalty(p.log(), q.log(), "k2")).sum().item()
+    assert k2 == pytest.approx(kl, rel=0.1) and k2 != pytest.approx(kl, rel=1e-3)
+    # k3 is never negative, k1 is
+    d = torch.linspace(-3, 3, 13)
+    assert (kl_penalty(d, torch.zeros(13), "k3") >= 0).all() and (kl_penalty(d, torch.zeros(13), "k1") < 0).any()
+
+
+def test_low_var_kl_is_clamped():
+    # d = -30: k3 = e^30 - 29 ≈ 1e13; low_var_kl clamps d to -20 before exp and the result to 10
+    logp, ref = torch.tensor([-30.0]), torch.tensor([0.0])
+    assert kl_penalty(logp, ref, "k3").item() > 1e12
+    assert kl_penalty(logp, ref, "low_var_kl").item() == pytest.approx(10.0)
+
+
+# --------------------------------------------------------------------------- value loss
+
+def test_clipped_value_loss_by_hand():
+    # V = 2, V_old = 1, R = 3, eps 0.2: V_clip = 1.2; max((2-3)², (1.2-3)²) = 3.24 -> 1.62, clipped
+    # V = 1.1 (inside the clip range): V_clip = V; ½ (1.1-3)² = 1.805
+    v = torch.tensor([2.0, 1.1], requires_grad=True)
+    loss, clipped = clipped_value_loss(v, torch.tensor([1.0, 1.0]), torch.tensor([3.0, 3.0]), 0.2)
+    assert loss.tolist() == pytest.approx([1.62, 1.805])
+    assert clipped.tolist() == [1.0, 0.0]
+    loss.sum().backward()
+    assert v.grad.tolist() == pytest.approx([0.0, -1.9])   # clipped: no gradient; else V - R
+    plain, _ = clipped_value_loss(torch.tensor([2.0]), torch.tensor([1.0]), torch.tensor([3.0]), None)
+    assert plain.item() == pytest.approx(0.5)
+
+
+# --------------------------------------------------------------------------- the objective
+
+def test_objective_adds_entropy_bonus_kl_and_value_terms():
+    logp = torch.tensor([[0.0, -1.0, -2.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    adv = torch.tensor([[0.0, 1.0, 1.0]])
+    entropy = torch.tensor([[0.0, 2.0, 4.0]])
+    ref = logp - LN2                      # d = ln 2 everywhere: k1 = ln 2
+    values, returns = torch.tensor([[0.0, 1.0, 1.0]]), torch.tensor([[0.0, 2.0, 3.0]])
+    s = LossSettings(entropy_coef=0.1, kl_coef=0.5, kl_estimator="k1", value_coef=0.5, value_clip_eps=None)
+    loss, st = ppo_objective(logp, logp.detach(), adv, mask, s, entropy=entropy, ref_logp=ref, values=values,
+                             old_values=values, returns=returns)
+    # policy: ratio 1 -> -1 per token, mean -1; entropy mean 3; KL mean ln 2; value ½((1-2)² + (1-3)²)/2 = 1.25
+    assert st["policy_loss"].item() == pytest.approx(-1.0)
+    assert st["entropy"].item() == pytest.approx(3.0)
+    assert st["kl"].item() == pytest.approx(LN2)
+    assert st["value_loss"].item() == pytest.approx(1.25)
+    assert loss.item() == pytest.approx(-1.0 - 0.1 * 3.0 + 0.5 * LN2 + 0.5 * 1.25)
+    assert st["clip_frac"].item() == 0.0 and st["approx_kl"].item() == pytest.approx(0.0)
+
+
+# --------------------------------------------------------------------------- retrieved-token masking
+
+# one row of 8 tokens: prompt 0-1, policy 2-3, environment 4-5, policy 6-7
+IDS = torch.tensor([[5, 1, 2, 3, 7, 8, 4, 6]])
+LOSS_MASK = torch.tensor([[0, 0, 1, 1, 0, 0, 1, 1.0]])
+RESPONSE_MASK = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1.0]])
+ENV = [4, 5]
+
+
+def _all_terms_loss(logits: torch.Tensor, mask: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    logp, ent = token_logprobs(logits, IDS, temperature=0.7, with_entropy=True)
+    old = torch.where(LOSS_MASK.bool(), logp.detach() - 0.1, torch.zeros_like(logp))  # sampling-time: 0 on env tokens
+    adv = torch.tensor([[0.0, 0.0, 1.0, 1.0, 1.0, 1.0, -0.5, -0.5]]) * mask
+    s = LossSettings(entropy_coef=0.01, kl_coef=0.1, kl_estimator="k3", value_coef=0.5)
+    loss, _ = ppo_objective(logp, old, adv, mask, s, sampled_mask=LOSS_MASK, entropy=ent, ref_logp=logp.detach() + 0.3,
+                            values=values, old_values=torch.zeros_like(values), returns=torch.ones_like(values))
+    return loss
+
+
+def test_env_tokens_get_exactly_zero_gradient_when_masked():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 8, 10, generator=g, requires_grad=True)
+    values = torch.randn(1, 8, generator=g, requires_grad=True)
+    _all_terms_loss(logits, LOSS_MASK, values).backward()
+    for t in ENV:  # the logits at t-1 produce token t's log-prob and entropy
+        assert torch.count_nonzero(logits.grad[0, t - 1]) == 0
+        assert values.grad[0, t] == 0
+    for t in (2, 3, 6, 7):
+        assert logits.grad[0, t - 1].abs().sum() > 0 and values.grad[0, t] != 0
+
+
+def test_env_tokens_get_gradient_when_masking_is_off():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 8, 10, generator=g, requires_grad=True)
+    values = torch.randn(1, 8, generator=g, requires_grad=True)
+    _all_terms_loss(logits, RESPONSE_MASK, values).backward()
+    for t in ENV + [2, 3, 6, 7]:
+        assert logits.grad[0, t - 1].abs().sum() > 0 and values.grad[0, t] != 0
+    # prompt tokens never count
+    assert torch.count_nonzero(logits.grad[0, 0]) == 0
+
+
+def test_unmasked_env_tokens_use_their_current_logprob_as_old():
+    # ratio 1 for env tokens (no sampling-time log-prob), the sampling log-prob for policy tokens
+    logp = torch.tensor([[0.0, -1.0, -2.0]], requires_grad=True)
+    old = torch.tensor([[0.0, -1.5, 0.0]])            # token 2 is an env token: its stored 0 must be ignored
+    sampled, mask = torch.tensor([[0.0, 1.0, 0.0]]), torch.tensor([[0.0, 1.0, 1.0]])
+    _, st = ppo_objective(logp, old, torch.ones(1, 3), mask, LossSettings(clip_eps=10.0), sampled_mask=sampled)
+    # ratios: exp(-1 + 1.5) = 1.6487 and 1 -> mean 1.3244
+    assert st["ratio_mean"].item() == pytest.approx((math.exp(0.5) + 1.0) / 2)
+
+
+def _multi_turn_trajectories(policy: TransformersPolicy, n: int = 2):
+    """Real multi-turn episodes: a random tiny model's actions are invalid in Arithmetic-v0, so the env
+    answers with a message (environment tokens) and the episode goes on for its 4 turns."""
+    engine = RolloutEngine(policy, RolloutConfig(sampling=SamplingParams(max_new_tokens=4), style="continuation",
+                                                 env_workers=1))
+    trajs = engine.collect("Arithmetic-v0", num_groups=1, group_size=n, seed=0).trajectories
+    engine.close()
+    for k, t in enumerate(trajs):  # give the two episodes different returns (GRPO needs a difference)
+        t.step_rewards = [float(k + 1)] * len(t.step_rewards)
+    assert all(t.num_turns >= 2 and 0 < t.num_policy_tokens < len(t.token_ids) - t.prompt_length for t in trajs)
+    return trajs
+
+
+def _captured_logit_grads(name: str, mask_env_tokens: bool):
+    """Run one real ``Learner.update`` and return the gradient that reached the model's logits, with the batch."""
+    policy = TransformersPolicy.tiny_random(cached_tokenizer(), seed=1)
+    trajs = _multi_turn_trajectories(policy)
+    cfg = LearnerConfig(lr=1e-3, micro_batch_size=8, kl_coef=0.05, entropy_coef=0.01, mask_env_tokens=mask_env_tokens,
+                        baseline="none", whiten_advantages=False)
+    learner = make_learner(name, policy, cfg)
+    captured = []
+
+    def keep(module, args, output):
+        if output.requires_grad:  # the training forward (not the no-grad reference / value passes)
+            output.retain_grad()
+            captured.append(output)
+    handle = policy.model.lm_head.register_forward_hook(keep)
+    try:
+        metrics = learner.update(trajs)
+    finally:
+        handle.remove()
+    assert metrics["skipped"] == 0 and metrics["optimizer_steps"] == 1 and len(captured) == 1
+    batch = collate(trajs, pad_id=0)
+    grad = torch.zeros(len(trajs), batch.width, captured[0].shape[-1])
+    grad[:, batch.logits_offset:] = captured[0].grad   # logits were kept from the last prompt token on
+    return grad, batch
+
+
+@pytest.mark.parametrize("name", ["reinforce", "grpo", "ppo"])
+def test_learner_update_gives_env_tokens_zero_gradient_only_when_masking(name):
+    grad, batch = _captured_logit_grads(name, mask_env_tokens=True)
+    env = (batch.response_mask - batch.loss_mask).bool()
+    policy_tokens = batch.loss_mask.bool()
+    # the logits at position t-1 carry token t's terms: shift the masks left by one
+    at_env = grad[:, :-1][env[:, 1:]]
+    at_policy = grad[:, :-1][policy_tokens[:, 1:]]
+    assert env.sum() > 0 and torch.count_nonzero(at_env) == 0
+    assert (at_policy.abs().sum(-1) > 0).all()
+
+    grad, batch = _captured_logit_grads(name, mask_env_tokens=False)
+    at_env = grad[:, :-1][env[:, 1:]]
+    assert (at_env.abs().sum(-1) > 0).all(), "with mask_env_tokens=False every env token must carry loss"
+
+
+# --------------------------------------------------------------------------- non-finite losses
+
+@pytest.mark.parametrize("name", ["reinforce", "grpo", "ppo"])
+def test_non_finite_loss_skips_the_update_and_keeps_the_weights(name):
+    policy = TransformersPolicy.tiny_random(cached_tokenizer(), seed=2)
+    trajs = _multi_turn_trajectories(policy)
+    trajs[0].step_rewards[-1] = float("nan")
+    learner = make_learner(name, policy, LearnerConfig(lr=1e-2))
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    head_before = [p.clone() for p in learner.critic_parameters()]
+    metrics = learner.update(trajs)
+    assert metrics["skipped"] == 1.0 and metrics["optimizer_steps"] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in policy.model.state_dict().items())
+    assert all(torch.equal(a, b) for a, b in zip(head_before, learner.critic_parameters()))
+    assert learner.optimizer.state == {} and learner.step == 0
+    assert all(p.grad is None for p in learner.policy_parameters())
+
+
+def test_infinite_old_logprob_is_caught_too():
+    policy = TransformersPolicy.tiny_random(cached_tokenizer(), seed=2)
+    trajs = _multi_turn_trajectories(policy)
+    s, _ = trajs[0].turn_spans[0]
+    trajs[0].logprobs[s] = float("-inf")          # ratio exp(logp + inf) = inf
+    learner = make_learner("grpo", policy, LearnerConfig(lr=1e-2))
+    before = [p.clone() for p in learner.policy_parameters()]
+    assert learner.update(trajs)["skipped"] == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.policy_parameters()))
