@@ -80,6 +80,16 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
             terms[k].append(totals.get(k, 0.0))
     for k, vals in terms.items():
         m[f"reward/{k}"] = float(np.mean(vals))
+    # env-specific numeric episode metrics (e.g. ToolCall's tool_selection_accuracy), averaged over
+    # the episodes that report them
+    standard = {"success", "return", "turns", "terminated", "truncated", "tool_calls", "invalid_actions", "task_index"}
+    extra: dict[str, list[float]] = defaultdict(list)
+    for t in trajectories:
+        for k, v in t.episode.items():
+            if k not in standard and isinstance(v, (int, float, bool, np.number)) and v is not None:
+                extra[k].append(float(v))
+    for k, vals in sorted(extra.items()):
+        m[f"episode/{k}"] = float(np.mean(vals))
     return m
 
 
@@ -93,6 +103,7 @@ class _Episode:
         self.traj: Trajectory | None = None
         self.messages: list[dict[str, str]] = []
         self.reward_log: list[tuple[float, dict[str, float]]] = []  # chat-only policies
+        self.finish_reasons: list[str] = []
 
 
 class RolloutEngine:
@@ -219,6 +230,8 @@ class RolloutEngine:
                 t0 = time.perf_counter()
                 gens = self.policy.respond([ep.messages for ep in active], sampling, tools=tools)
                 timing["generate_s"] += time.perf_counter() - t0
+            if len(gens) != len(active):
+                raise RuntimeError(f"the policy returned {len(gens)} generations for {len(active)} prompts")
 
             t0 = time.perf_counter()
             results = list(self._pool.map(lambda pair: pair[0].env.step(pair[1].text), zip(active, gens)))
@@ -233,6 +246,7 @@ class RolloutEngine:
                     ep.builder.add_step(reward, info.get("reward_terms", {}))
                 else:
                     ep.reward_log.append((reward, info.get("reward_terms", {})))
+                    ep.finish_reasons.append(gen.finish_reason)
                 if terminated or truncated:
                     self._finish(ep, env, terminated, truncated, info=info)
                     finished += 1
@@ -272,6 +286,7 @@ class RolloutEngine:
                                        group_id=ep.group_id, task_index=ep.task_index, env_id=env_name)
         else:
             rewards = ep.reward_log
-            ep.traj = Trajectory([], [], [], 0, [], [m["content"] for m in ep.messages if m["role"] == "assistant"], [],
+            ep.traj = Trajectory([], [], [], 0, [], [m["content"] for m in ep.messages if m["role"] == "assistant"],
+                                 list(ep.finish_reasons),
                                  [r for r, _ in rewards], [t for _, t in rewards], list(ep.messages), summary,
                                  terminated, truncated, ep.group_id, ep.task_index, env_name)

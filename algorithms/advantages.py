@@ -147,10 +147,12 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     squeeze = rewards.dim() == 1
     if squeeze:
         rewards, values, mask = rewards[None], values[None], mask[None]
-    rewards, values = rewards.detach().double(), values.detach().double()
-    keep = mask.bool()
+    device = rewards.device
+    # a sequential loop of tiny ops: cheaper on the CPU than as thousands of GPU kernel launches
+    rewards, values = rewards.detach().double().cpu(), values.detach().double().cpu()
+    keep = mask.detach().cpu().bool()
     adv = torch.zeros_like(rewards)
-    next_value = torch.zeros(rewards.shape[0], dtype=torch.float64, device=rewards.device)
+    next_value = torch.zeros(rewards.shape[0], dtype=torch.float64)
     next_adv = torch.zeros_like(next_value)
     for t in range(rewards.shape[1] - 1, -1, -1):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
@@ -160,7 +162,7 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         next_value = torch.where(k, values[:, t], next_value)
         next_adv = torch.where(k, a, next_adv)
     ret = torch.where(keep, adv + values, torch.zeros_like(adv))
-    adv, ret = adv.float(), ret.float()
+    adv, ret = adv.float().to(device), ret.float().to(device)
     return (adv[0], ret[0]) if squeeze else (adv, ret)
 
 

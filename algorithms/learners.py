@@ -29,15 +29,17 @@ import dataclasses
 import functools
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from agentgym.trajectory import Trajectory
 
-from agentgym.algorithms.advantages import broadcast_to_tokens, discounted_returns, gae, group_normalize, make_baseline, rebn
+from agentgym.algorithms.advantages import (broadcast_to_tokens, discounted_returns, gae, group_normalize,
+                                            make_baseline, rebn)
 from agentgym.algorithms.batch import Batch, collate, pad_token_lists
 from agentgym.algorithms.losses import (KL_ESTIMATORS, LOSS_AGG_MODES, LossSettings, kl_penalty, masked_mean,
                                         masked_whiten, ppo_objective, token_logprobs)
@@ -212,14 +214,14 @@ class Learner:
             base_copy = copy.deepcopy(model)  # the frozen reference: the policy as it starts
         self._build_critic(model)
         if cfg.lora is not None and not _is_peft(model):
-            model = _apply_lora(model, cfg.lora)
+            model = _apply_lora(model, cfg.lora, seed=cfg.seed)
             policy.model = model
         self.model = model
         self.ref_model = None
         if base_copy is not None:
             self.ref_model = base_copy.eval().requires_grad_(False)
         if cfg.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _enable_checkpointing(self.model)
         self.device = next(self.model.parameters()).device
         self.optimizer = torch.optim.AdamW(self._param_groups(), lr=cfg.lr, betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
@@ -337,12 +339,12 @@ class Learner:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _model_outputs(self, model: nn.Module, micro: Batch, hidden: bool = False) -> Any:
+    def _model_outputs(self, model: nn.Module, micro: Batch, hidden: bool = False, logits: bool = True) -> Any:
         # logits only from the last prompt token on: the prompt's vocabulary projections are the
-        # bulk of the work for short responses, and no loss needs them
+        # bulk of the work for short responses, and no loss needs them (none at all for values only)
         return model(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
                      position_ids=micro.position_ids, use_cache=False, output_hidden_states=hidden,
-                     logits_to_keep=micro.width - micro.logits_offset)
+                     logits_to_keep=micro.width - micro.logits_offset if logits else 1)
 
     def _logprobs(self, outputs: Any, micro: Batch, *, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         return token_logprobs(outputs.logits, micro.input_ids, self.config.temperature, offset=micro.logits_offset,
@@ -481,11 +483,31 @@ def _is_peft(model: nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
-def _apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
+def _apply_lora(model: nn.Module, lora: LoraSettings, seed: int = 0) -> nn.Module:
+    """Wrap ``model`` in a ``peft`` LoRA model; the adapter's random init is seeded by ``seed``
+    (without disturbing the global RNG)."""
     from peft import LoraConfig, get_peft_model
     target = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
-    return get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                            target_modules=target, task_type="CAUSAL_LM"))
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=target,
+                        task_type="CAUSAL_LM")
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), warnings.catch_warnings():
+        torch.default_generator.manual_seed(seed)
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                torch.cuda.manual_seed(seed)
+        # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing`
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, config)
+
+
+def _enable_checkpointing(model: nn.Module) -> None:
+    """Non-reentrant activation checkpointing (works with frozen LoRA bases without input-grad hooks)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)   # transformers >= 5.x
+    if enable is not None:
+        enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 # --------------------------------------------------------------------------- REINFORCE
@@ -638,7 +660,7 @@ class PPOLearner(Learner):
         if self.critic is not None:
             return self.critic(micro.input_ids, micro.attention_mask, micro.position_ids)
         if outputs is None:
-            outputs = self._model_outputs(self.model, micro, hidden=True)
+            outputs = self._model_outputs(self.model, micro, hidden=True, logits=False)
         return _aligned_values(self.value_head, outputs.hidden_states[-1])
 
     def compute_advantages(self, trajectories: Sequence[Trajectory], batch: Batch, rewards: torch.Tensor,

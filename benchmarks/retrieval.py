@@ -47,6 +47,7 @@ from agentgym.envs.retrieval import (
     create_app,
     synthetic_corpus,
 )
+from agentgym.envs.retrieval.dense import auto_nlist
 
 KS = (1, 3, 5)
 BATCH_SIZES = (1, 16, 64)
@@ -182,8 +183,10 @@ def main() -> None:
     dense = {
         "flat": flat,
         "hnsw": DenseRetriever(index_type="hnsw"),
-        "ivf": DenseRetriever(index_type="ivf"),  # auto nlist, nprobe 8
+        "ivf": DenseRetriever(index_type="ivf"),  # auto nlist (4·sqrt(n), >= 39 points per list), nprobe 8
     }
+    nlist = auto_nlist(args.docs)
+    dense["ivf-wide"] = DenseRetriever(index_type="ivf", nlist=nlist, nprobe=max(8, nlist // 2))
     for name, r in dense.items():
         builds[f"dense-{name}"] = timed(lambda r=r: r.build(docs, embeddings=passage_emb))
     bm25 = BM25Retriever()
@@ -236,9 +239,10 @@ def main() -> None:
     print("|---|" + "---:|" * (len(KS) + 2))
     for name, rec in recalls.items():
         print(f"| {name} | " + " | ".join(f"{rec[k]:.3f}" for k in KS) + f" | {builds[name]:.2f} | {search_only_qps[name]:.0f} |")
-    ivf = dense["ivf"]
+    ivf, wide = dense["ivf"], dense["ivf-wide"]
     print(f"\nhnsw: M={dense['hnsw'].hnsw_m}, efSearch={dense['hnsw'].ef_search}; ivf: nlist={ivf.nlist}, "
-          f"nprobe={min(ivf.nprobe, ivf.nlist or ivf.nprobe)}. Dense build times exclude encoding (shared). "
+          f"nprobe={min(ivf.nprobe, ivf.nlist or ivf.nprobe)} (default); ivf-wide: same lists, nprobe={wide.nprobe}. "
+          f"Dense build times exclude encoding (shared). "
           f"search-only q/s: dense = faiss search on pre-encoded queries; bm25 = tokenise + score.")
 
     if args.out:

@@ -191,7 +191,8 @@ def assert_faithful(traj: Trajectory, tok: Any, style: str) -> None:
         recon += piece + env_text
 
     # direct decode equals the reconstruction when spans hold no special tokens besides a final EOS
-    plain = all(t not in tok.all_special_ids for s, e in traj.turn_spans for t in traj.token_ids[s:e - 1])
+    special = set(tok.all_special_ids)
+    plain = all(t not in special for s, e in traj.turn_spans for t in traj.token_ids[s:e - 1])
     if plain:
         assert decode(traj.token_ids) == recon
 

@@ -161,16 +161,17 @@ def test_truncation_budget_is_shared_by_the_step_messages(tok):
 
 # --------------------------------------------------------------------------- turn-by-turn drive
 
-def _make_env(env_id: str):
-    try:  # more turns than the default where the env allows it, so every scripted action is used
-        return agentgym.make(env_id, max_turns=len(UNICODE_ACTIONS) + 2)
+def _make_env(env_id: str, max_turns: int):
+    try:  # where the env takes max_turns: enough turns for every scripted action, few for random text
+        return agentgym.make(env_id, max_turns=max_turns)
     except TypeError:
         return agentgym.make(env_id)
 
 
-def drive(env_id: str, style: str, tok, policy, sampling: SamplingParams, *, max_obs_tokens=None, seed=0):
+def drive(env_id: str, style: str, tok, policy, sampling: SamplingParams, *, max_obs_tokens=None, seed=0,
+          max_turns: int = len(UNICODE_ACTIONS) + 2):
     """One episode by hand: formatter + builder, checking the append-only prefix after every turn."""
-    env = _make_env(env_id)
+    env = _make_env(env_id, max_turns)
     base = env.unwrapped
     fmt = make_formatter(style, tok, max_obs_tokens=max_obs_tokens)
     tools = base.tool_specs()
@@ -228,7 +229,8 @@ def test_random_model_drive_is_faithful(env_id, style, tok):
     policy = eos_prone_policy()
     finishes = set()
     for seed in range(3):
-        traj, _ = drive(env_id, style, tok, policy, SamplingParams(max_new_tokens=8, seed=seed), seed=seed)
+        traj, _ = drive(env_id, style, tok, policy, SamplingParams(max_new_tokens=8, seed=seed), seed=seed,
+                        max_turns=3)
         assert_faithful(traj, tok, style)
         finishes.update(traj.finish_reasons)
     if env_id == COVERAGE_ENV:

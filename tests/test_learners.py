@@ -14,11 +14,12 @@ import torch
 
 import agentgym
 from agentgym import AgentEnv, Reward, Transition, shaper
-from agentgym.algorithms import (GRPOLearner, LearnerConfig, LoraSettings, PPOLearner, ReinforceLearner, lr_factor,
-                                 make_learner)
+from agentgym.algorithms import (GRPOLearner, LearnerConfig, LoraSettings, PPOLearner, ReinforceLearner, collate,
+                                 lr_factor, make_learner)
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
 from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.trajectory import Trajectory
 
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse fixture)
 
@@ -113,8 +114,8 @@ def assert_learned(curve: list[float], margin: float = 0.4) -> None:
 # --------------------------------------------------------------------------- learning
 
 def test_reinforce_learns(env_id):
-    cfg = LearnerConfig(lr=3e-3, temperature=TEMPERATURE, baseline="rebn", seed=0)
-    assert_learned(learning_curve("reinforce", env_id, cfg, steps=9))
+    cfg = LearnerConfig(lr=5e-3, temperature=TEMPERATURE, baseline="rebn", seed=0)
+    assert_learned(learning_curve("reinforce", env_id, cfg, steps=8))
 
 
 def test_grpo_learns(env_id):
@@ -123,14 +124,15 @@ def test_grpo_learns(env_id):
 
 
 def test_ppo_learns(env_id):
-    cfg = LearnerConfig(lr=2e-3, critic_lr=1e-2, temperature=TEMPERATURE, epochs=2, minibatch_size=16, seed=0)
+    # two minibatches: the second step is slightly off-policy, so ratios and clipping are exercised
+    cfg = LearnerConfig(lr=2e-3, critic_lr=1e-2, temperature=TEMPERATURE, minibatch_size=16, seed=0)
     assert_learned(learning_curve("ppo", env_id, cfg, steps=8))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("baseline", ["none", "mean", "ema"])
 def test_reinforce_learns_with_every_baseline(env_id, baseline):
-    cfg = LearnerConfig(lr=3e-3, temperature=TEMPERATURE, baseline=baseline, seed=0)
+    cfg = LearnerConfig(lr=5e-3, temperature=TEMPERATURE, baseline=baseline, seed=0)
     assert_learned(learning_curve("reinforce", env_id, cfg, steps=14))
 
 
@@ -188,6 +190,10 @@ def test_lora_trains_only_the_adapter(env_id, name):
     m2 = learner.update(trajs)
     assert m1["skipped"] == m2["skipped"] == 0
     assert m1["kl"] == pytest.approx(0.0, abs=1e-6) and m2["kl"] > 0   # the adapter moved away from the base
+    # the adapter's random init is seeded by the config: the same on a second identical policy
+    twin = new_policy(5)
+    make_learner(name, twin, cfg)
+    assert all(torch.equal(before[k], v) for k, v in twin.model.named_parameters())
     changed = {k for k, v in policy.model.named_parameters() if not torch.equal(v, before[k])}
     assert changed and all("lora_" in k for k in changed)
     assert all("lora_B" in k or not k.endswith("lora_B.default.weight") for k in changed)
@@ -198,6 +204,24 @@ def test_lora_trains_only_the_adapter(env_id, name):
     assert policy.model.get_base_model() is base
     gens = policy.generate([trajs[0].token_ids[: trajs[0].prompt_length]], SamplingParams(max_new_tokens=2))
     assert len(gens[0].token_ids) >= 1
+
+
+def test_ppo_with_a_separate_critic_model(env_id):
+    policy = new_policy(14)
+    trajs = small_batch(env_id, policy)
+    learner = make_learner("ppo", policy, LearnerConfig(lr=1e-2, critic="model", critic_lr=1e-2,
+                                                        temperature=TEMPERATURE, epochs=2, minibatch_size=3))
+    assert policy.value_head is None and learner.critic is not None
+    critic_ids = {id(p) for p in learner.critic_parameters()}
+    assert critic_ids.isdisjoint(id(p) for p in learner.policy_parameters())   # its own network
+    critic_before = [p.clone() for p in learner.critic_parameters()]
+    policy_before = [p.clone() for p in learner.policy_parameters()]
+    m = learner.update(trajs)
+    assert m["skipped"] == 0 and m["optimizer_steps"] == 4 and m["value_loss"] > 0
+    assert m["clip_frac"] > 0      # later minibatches are off-policy: clipping is active
+    assert any(not torch.equal(a, b) for a, b in zip(critic_before, learner.critic_parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(policy_before, learner.policy_parameters()))
+    assert learner.optimizer.param_groups[-1]["lr"] == 1e-2
 
 
 @pytest.mark.parametrize("name, extra", [
@@ -257,6 +281,21 @@ def test_gradient_accumulation_matches_one_big_batch(env_id, loss_agg):
             assert m[key] == pytest.approx(results[0][key], rel=1e-4, abs=1e-7), key
 
 
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4)])
+def test_gradient_checkpointing_gives_the_same_update(env_id, lora):
+    trajs = small_batch(env_id, new_policy(15))
+    results = []
+    for checkpointing in (False, True):
+        policy = new_policy(15)
+        learner = make_learner("grpo", policy, LearnerConfig(lr=1e-3, temperature=TEMPERATURE, lora=lora, kl_coef=0.05,
+                                                             gradient_checkpointing=checkpointing))
+        results.append((learner.update(copy.deepcopy(trajs)), [p.detach().clone() for p in learner.policy_parameters()]))
+        assert any(getattr(m, "gradient_checkpointing", False) for m in policy.model.modules()) == checkpointing
+    (m_a, w_a), (m_b, w_b) = results
+    assert m_a["loss"] == pytest.approx(m_b["loss"], rel=1e-5) and m_a["grad_norm"] == pytest.approx(m_b["grad_norm"], rel=1e-4)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(w_a, w_b))
+
+
 def test_non_finite_update_is_skipped_then_training_resumes(env_id):
     policy = new_policy(9)
     good = small_batch(env_id, policy)
@@ -271,6 +310,33 @@ def test_non_finite_update_is_skipped_then_training_resumes(env_id):
     m = learner.update(good)
     assert m["skipped"] == 0 and m["optimizer_steps"] == 4 and learner.step == 1
     assert not all(torch.equal(weights[k], v) for k, v in policy.model.state_dict().items())
+
+
+# --------------------------------------------------------------------------- batch format
+
+def _traj(ids, mask, logprobs, prompt_length, spans, rewards, group_id=None):
+    return Trajectory(ids, mask, logprobs, prompt_length, spans, ["a"] * len(spans), ["length"] * len(spans), rewards,
+                      [{} for _ in rewards], [], group_id=group_id)
+
+
+def test_collate_right_pads_and_micro_batches_trim():
+    a = _traj([1, 2, 3, 4, 5, 6], [0, 0, 1, 0, 1, 1], [0, 0, -1.0, 0, -2.0, -3.0], 2, [(2, 3), (4, 6)], [0.5, 2.0], 7)
+    b = _traj([9, 8, 7], [0, 1, 1], [0, -0.5, -0.25], 1, [(1, 3)], [1.0])
+    batch = collate([a, b], pad_id=0)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 6], [9, 8, 7, 0, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1] * 6, [1, 1, 1, 0, 0, 0]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 0, 0]]
+    assert batch.loss_mask.tolist() == [[0, 0, 1, 0, 1, 1], [0, 1, 1, 0, 0, 0]]
+    assert batch.response_mask.tolist() == [[0, 0, 1, 1, 1, 1], [0, 1, 1, 0, 0, 0]]
+    assert batch.old_logprobs.tolist() == [[0, 0, -1, 0, -2, -3], [0, -0.5, -0.25, 0, 0, 0]]
+    # each step reward on its turn's last policy token
+    assert batch.token_rewards.tolist() == [[0, 0, 0.5, 0, 0, 2.0], [0, 0, 1.0, 0, 0, 0]]
+    assert batch.group_ids.tolist() == [7, -1] and batch.seq_ids.tolist() == [0, 1]
+    assert batch.logits_offset == 0        # the shortest prompt is 1 token: logits from position 0 on
+    first, second = batch.micro_batches(1)
+    assert first.width == 6 and second.width == 3 and second.input_ids.tolist() == [[9, 8, 7]]
+    assert second.logits_offset == 0 and first.logits_offset == 1
+    assert batch.select([1, 0]).seq_ids.tolist() == [1, 0]
 
 
 # --------------------------------------------------------------------------- schedule, config, factory

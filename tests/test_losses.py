@@ -4,6 +4,7 @@ a non-finite loss skips the update."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -245,23 +246,33 @@ def test_unmasked_env_tokens_use_their_current_logprob_as_old():
     assert st["ratio_mean"].item() == pytest.approx((math.exp(0.5) + 1.0) / 2)
 
 
-def _multi_turn_trajectories(policy: TransformersPolicy, n: int = 2):
+POLICY_SEED = 1
+
+
+def new_policy() -> TransformersPolicy:
+    """A fresh tiny random model; the same weights every time, so the trajectories' sampling-time
+    log-probs are this policy's own (ratio 1 at the first step)."""
+    return TransformersPolicy.tiny_random(cached_tokenizer(), seed=POLICY_SEED)
+
+
+@pytest.fixture(scope="module")
+def episodes():
     """Real multi-turn episodes: a random tiny model's actions are invalid in Arithmetic-v0, so the env
-    answers with a message (environment tokens) and the episode goes on for its 4 turns."""
-    engine = RolloutEngine(policy, RolloutConfig(sampling=SamplingParams(max_new_tokens=4), style="continuation",
-                                                 env_workers=1))
-    trajs = engine.collect("Arithmetic-v0", num_groups=1, group_size=n, seed=0).trajectories
+    answers with a message (environment tokens) and the episode runs its 2 turns."""
+    torch.manual_seed(0)
+    engine = RolloutEngine(new_policy(), RolloutConfig(sampling=SamplingParams(max_new_tokens=4),
+                                                       style="continuation", env_workers=1))
+    trajs = engine.collect("Arithmetic-v0", num_groups=1, group_size=2, seed=0, env_kwargs={"max_turns": 2}).trajectories
     engine.close()
     for k, t in enumerate(trajs):  # give the two episodes different returns (GRPO needs a difference)
         t.step_rewards = [float(k + 1)] * len(t.step_rewards)
-    assert all(t.num_turns >= 2 and 0 < t.num_policy_tokens < len(t.token_ids) - t.prompt_length for t in trajs)
+    assert all(t.num_turns == 2 and 0 < t.num_policy_tokens < len(t.token_ids) - t.prompt_length for t in trajs)
     return trajs
 
 
-def _captured_logit_grads(name: str, mask_env_tokens: bool):
+def _captured_logit_grads(name: str, mask_env_tokens: bool, trajs):
     """Run one real ``Learner.update`` and return the gradient that reached the model's logits, with the batch."""
-    policy = TransformersPolicy.tiny_random(cached_tokenizer(), seed=1)
-    trajs = _multi_turn_trajectories(policy)
+    policy = new_policy()
     cfg = LearnerConfig(lr=1e-3, micro_batch_size=8, kl_coef=0.05, entropy_coef=0.01, mask_env_tokens=mask_env_tokens,
                         baseline="none", whiten_advantages=False)
     learner = make_learner(name, policy, cfg)
@@ -273,7 +284,7 @@ def _captured_logit_grads(name: str, mask_env_tokens: bool):
             captured.append(output)
     handle = policy.model.lm_head.register_forward_hook(keep)
     try:
-        metrics = learner.update(trajs)
+        metrics = learner.update(copy.deepcopy(trajs))
     finally:
         handle.remove()
     assert metrics["skipped"] == 0 and metrics["optimizer_steps"] == 1 and len(captured) == 1
@@ -284,8 +295,8 @@ def _captured_logit_grads(name: str, mask_env_tokens: bool):
 
 
 @pytest.mark.parametrize("name", ["reinforce", "grpo", "ppo"])
-def test_learner_update_gives_env_tokens_zero_gradient_only_when_masking(name):
-    grad, batch = _captured_logit_grads(name, mask_env_tokens=True)
+def test_learner_update_gives_env_tokens_zero_gradient_only_when_masking(name, episodes):
+    grad, batch = _captured_logit_grads(name, True, episodes)
     env = (batch.response_mask - batch.loss_mask).bool()
     policy_tokens = batch.loss_mask.bool()
     # the logits at position t-1 carry token t's terms: shift the masks left by one
@@ -294,7 +305,7 @@ def test_learner_update_gives_env_tokens_zero_gradient_only_when_masking(name):
     assert env.sum() > 0 and torch.count_nonzero(at_env) == 0
     assert (at_policy.abs().sum(-1) > 0).all()
 
-    grad, batch = _captured_logit_grads(name, mask_env_tokens=False)
+    grad, batch = _captured_logit_grads(name, False, episodes)
     at_env = grad[:, :-1][env[:, 1:]]
     assert (at_env.abs().sum(-1) > 0).all(), "with mask_env_tokens=False every env token must carry loss"
 
@@ -302,9 +313,9 @@ def test_learner_update_gives_env_tokens_zero_gradient_only_when_masking(name):
 # --------------------------------------------------------------------------- non-finite losses
 
 @pytest.mark.parametrize("name", ["reinforce", "grpo", "ppo"])
-def test_non_finite_loss_skips_the_update_and_keeps_the_weights(name):
-    policy = TransformersPolicy.tiny_random(cached_tokenizer(), seed=2)
-    trajs = _multi_turn_trajectories(policy)
+def test_non_finite_loss_skips_the_update_and_keeps_the_weights(name, episodes):
+    policy = new_policy()
+    trajs = copy.deepcopy(episodes)
     trajs[0].step_rewards[-1] = float("nan")
     learner = make_learner(name, policy, LearnerConfig(lr=1e-2))
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
@@ -317,9 +328,9 @@ def test_non_finite_loss_skips_the_update_and_keeps_the_weights(name):
     assert all(p.grad is None for p in learner.policy_parameters())
 
 
-def test_infinite_old_logprob_is_caught_too():
-    policy = TransformersPolicy.tiny_random(cached_tokenizer(), seed=2)
-    trajs = _multi_turn_trajectories(policy)
+def test_infinite_old_logprob_is_caught_too(episodes):
+    policy = new_policy()
+    trajs = copy.deepcopy(episodes)
     s, _ = trajs[0].turn_spans[0]
     trajs[0].logprobs[s] = float("-inf")          # ratio exp(logp + inf) = inf
     learner = make_learner("grpo", policy, LearnerConfig(lr=1e-2))

@@ -65,8 +65,8 @@ def dense(data, embeddings):
     return {
         "flat": DenseRetriever(index_type="flat").build(docs, embeddings=embeddings),
         "hnsw": DenseRetriever(index_type="hnsw", hnsw_m=16, ef_search=32).build(docs, embeddings=embeddings),
-        # 8 lists, 3 probed: a genuinely approximate search, not an exhaustive one in disguise.
-        "ivf": DenseRetriever(index_type="ivf", nlist=8, nprobe=3).build(docs, embeddings=embeddings),
+        # 8 lists, 5 probed: a genuinely approximate search, not an exhaustive one in disguise.
+        "ivf": DenseRetriever(index_type="ivf", nlist=8, nprobe=5).build(docs, embeddings=embeddings),
     }
 
 
@@ -174,11 +174,12 @@ def test_index_types_agree_on_top1(dense, data, query_embeddings):
     _, questions = data
     results = {name: r.search_embeddings(query_embeddings, 3) for name, r in dense.items()}
     top1 = {name: [hits[0].doc_id for hits in res] for name, res in results.items()}
+    # Measured: hnsw agrees on 1.00, ivf on 0.97 (recall@3 0.96 vs flat's 0.995).
     for name in ("hnsw", "ivf"):
         agree = np.mean([a == b for a, b in zip(top1["flat"], top1[name])])
-        assert agree >= 0.85, f"{name} agrees with flat on {agree:.2f} of top-1"
-        assert recall_at(results[name], questions, 3) >= 0.8
-    # IVF probing 3 of 8 lists really is approximate: it misses passages flat finds.
+        assert agree >= 0.9, f"{name} agrees with flat on {agree:.2f} of top-1"
+        assert recall_at(results[name], questions, 3) >= 0.9
+    # IVF probing 5 of 8 lists really is approximate: it misses passages flat finds.
     assert recall_at(results["ivf"], questions, 3) < recall_at(results["flat"], questions, 3)
 
 

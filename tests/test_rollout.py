@@ -145,6 +145,25 @@ def test_oracle_solves_arithmetic_and_drops_out_finished_episodes(style, tok):
     assert set(hard_traj.loss_mask[e0:s1]) == {0}
 
 
+@pytest.mark.parametrize("add_eos", [True, False], ids=["eos", "no-eos"])
+def test_whole_trajectory_decodes_to_the_rendered_conversation(tok, add_eos):
+    """What exactly holds, spelled out: after the last policy turn nothing is appended, so chat-style
+    ids decode to the chat template's rendering minus the closing the policy did not sample."""
+    hard = find_tasks("hard", 1)
+    for style in STYLES:
+        engine = RolloutEngine(ScriptedPolicy(tok, arithmetic_oracle, add_eos=add_eos), RolloutConfig(style=style))
+        (t,) = engine.collect(ARITH, task_indices=hard, seed=0).trajectories
+        assert t.num_turns == 2 and t.messages[3]["role"] == "tool"
+        text = tok.decode(t.token_ids, skip_special_tokens=False)
+        eos = "<|im_end|>" if add_eos else ""
+        if style == "chat":
+            rendered = tok.apply_chat_template(t.messages, tokenize=False)
+            assert text + ("\n" if add_eos else "<|im_end|>\n") == rendered
+        else:
+            prompt = tok.apply_chat_template(t.messages[:2], tokenize=False, add_generation_prompt=True)
+            assert text == prompt + t.actions[0] + eos + t.messages[3]["content"] + t.actions[1] + eos
+
+
 def test_groups_share_a_task(tok):
     policy = RecordingPolicy(ScriptedPolicy(tok, arithmetic_oracle))
     engine = RolloutEngine(policy, RolloutConfig())

@@ -593,6 +593,7 @@ def test_oracle_rollouts_succeed_with_faithful_continuation_trajectories(tokeniz
     engine = RolloutEngine(ScriptedPolicy(tokenizer, SearchQAEnv.oracle), RolloutConfig(debug_checks=True))
     try:
         for split, questions, n in (("train", train, 48), ("test", test, 24)):
+            assert {q["type"] for q in questions[:n]} == {"single_hop", "multi_hop", "no_search"}
             batch = engine.collect(ENV_ID, task_indices=range(n), env_kwargs={"split": split})
             assert batch.metrics["success_rate"] == 1.0 and batch.metrics["reward_mean"] == 1.0
             assert engine.formatter_for(SearchQAEnv(split=split)).style == "continuation"
@@ -626,7 +627,7 @@ def test_chat_oracle_rollouts_succeed(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def server_url(dense):
+def retrieval_server(dense):
     server = BackgroundServer(create_app(dense), host="127.0.0.1", port=0, start_timeout_s=60)
     url = server.start()
     try:
@@ -635,8 +636,8 @@ def server_url(dense):
         server.stop()
 
 
-def test_remote_retrieval_gives_identical_observations(server_url, bundled):
-    url, server = server_url
+def test_remote_retrieval_gives_identical_observations(retrieval_server, bundled):
+    url, server = retrieval_server
     _, train, _ = bundled
     local, remote = SearchQAEnv(), SearchQAEnv(retriever=url)
     assert remote.retriever.kind == "remote"

@@ -96,13 +96,26 @@ def run_tests(sandbox: Any, problem: Mapping[str, Any], solution: str, *, test_t
 
 def run_tests_batch(sandbox: Any, jobs: Sequence[tuple[Mapping[str, Any], str]], *, test_time_limit_s: float = 4.0,
                     time_limit_s: float = 20.0, memory_mb: int = 512, max_error_chars: int = 800,
-                    max_output_chars: int = 1000, details: bool = True) -> list[dict[str, Any]]:
-    """Grade many ``(problem, solution)`` pairs in one sandbox run (``time_limit_s`` is per pair).
+                    max_output_chars: int = 1000, details: bool = True, jobs_per_run: int = 16) -> list[dict[str, Any]]:
+    """Grade many ``(problem, solution)`` pairs, ``jobs_per_run`` of them per sandbox run
+    (``time_limit_s`` is per pair).
 
-    One interpreter start for all pairs: validating a whole problem set (every reference passes, a
-    wrong program fails) costs seconds instead of one sandbox start per problem. ``details=False``
-    reports only each test's status (a short report for large batches).
+    One interpreter start for many pairs: validating a whole problem set (every reference passes,
+    a wrong program fails) costs seconds instead of one sandbox start per problem. ``details=False``
+    reports only each test's status (the report must fit the sandbox's output cap).
     """
+    reports: list[dict[str, Any]] = []
+    for k in range(0, len(jobs), max(1, jobs_per_run)):
+        chunk = jobs[k:k + max(1, jobs_per_run)]
+        reports += _run_chunk(sandbox, chunk, test_time_limit_s=test_time_limit_s, time_limit_s=time_limit_s,
+                              memory_mb=memory_mb, max_error_chars=max_error_chars,
+                              max_output_chars=max_output_chars, details=details)
+    return reports
+
+
+def _run_chunk(sandbox: Any, jobs: Sequence[tuple[Mapping[str, Any], str]], *, test_time_limit_s: float,
+               time_limit_s: float, memory_mb: int, max_error_chars: int, max_output_chars: int,
+               details: bool) -> list[dict[str, Any]]:
     payload = {"jobs": [{"solution": sol, "tests": list(p["tests"]), "setup": p.get("setup", "")} for p, sol in jobs],
                "test_time_limit_s": test_time_limit_s, "total_time_limit_s": time_limit_s,
                "max_error_chars": max_error_chars, "max_output_chars": max_output_chars, "max_output_bytes": 1 << 20,
@@ -130,11 +143,14 @@ def run_tests_batch(sandbox: Any, jobs: Sequence[tuple[Mapping[str, Any], str]],
             why += ", output cut by the sandbox)" if res.output_truncated else ")"
             if res.stderr.strip():
                 why += ": " + res.stderr.strip()[-max_error_chars:]
-        return [{"tests": [{"index": i, "kind": t["kind"], "passed": False, "status": "not_run", "error": None}
-                           for i, t in enumerate(p["tests"])], "load": None, "error": why, "exec": meta}
-                for p, _ in jobs]
-    for r in report["jobs"]:
-        r["error"] = None
+        report = {"jobs": [{"tests": [{"status": "not_run"} for _ in p["tests"]], "load": None, "error": why}
+                           for p, _ in jobs]}
+    for r, (p, _) in zip(report["jobs"], jobs):
+        for i, (entry, test) in enumerate(zip(r["tests"], p["tests"])):
+            entry.update(index=i, kind=test["kind"], passed=entry.get("status") == "passed")
+        if r.get("load") is not None:
+            r["load"]["passed"] = r["load"].get("status") == "passed"
+        r.setdefault("error", None)
         r["exec"] = meta
     return report["jobs"]
 
@@ -193,20 +209,21 @@ def format_report(problem: Mapping[str, Any], report: Mapping[str, Any], *, atte
         shown = i < visible or reveal_hidden
         label = f"Test {i + 1}" + ("" if i < visible else " (hidden)")
         status = r.get("status")
-        lines = []
+        err = _format_error(r.get("error"), reveal=shown)
         if status == "timeout":
-            lines.append(f"{label} timed out.")
+            lines = [f"{label} timed out."]
         elif status == "wrong_output":
-            lines.append(f"{label} failed: wrong output.")
+            lines = [f"{label} failed: wrong output."]
+        elif err and "\n" not in err and not shown:
+            lines, err = [f"{label} failed: {err}"], ""
         else:
-            lines.append(f"{label} failed.")
+            lines = [f"{label} failed."]
         if shown and test["kind"] == "assert":
             lines.append(_indent(test["code"]))
         if shown and test["kind"] == "io":
             lines.append("  input:\n" + _indent(test.get("stdin", "")))
             lines.append("  expected output:\n" + _indent(test["stdout"]))
             lines.append("  your output:\n" + _indent(r.get("stdout", "")))
-        err = _format_error(r.get("error"), reveal=shown)
         if err and status != "timeout":
             lines.append(_indent(err, prefix="  "))
         if status == "crashed" and r.get("stderr", "").strip():

@@ -118,6 +118,7 @@ def _child(P, test, index, result_path):
         kind = test["kind"]
         ns = {"__name__": "__main__" if kind == "io" else "solution", "__builtins__": __builtins__}
         sys.argv = ["solution.py"]
+        _register_source("solution.py", P["solution"])
         code = compile(P["solution"], "solution.py", "exec")
         try:
             exec(code, ns)
@@ -139,7 +140,7 @@ def _child(P, test, index, result_path):
     except _Done:
         pass
     except _Failed as e:
-        result = {"ok": False, "error": {"type": "AssertionError", "message": str(e), "frames": []}, "detail": True}
+        result = {"ok": False, "error": {"type": "AssertionError", "message": str(e), "frames": []}}
     except BaseException as e:  # noqa: B902 - SystemExit, KeyboardInterrupt: all are test failures
         result = {"ok": False, "error": _error(e, limit)}
     try:
@@ -265,7 +266,7 @@ def _run_test(P, test, index, workdir, time_limit):
         elif res.get("ok"):
             entry.update(passed=True, status="passed", error=None)
         else:
-            entry.update(passed=False, status="failed", error=res.get("error"), detail=bool(res.get("detail")))
+            entry.update(passed=False, status="failed", error=res.get("error"))
     if test["kind"] == "io" and entry["status"] == "passed":
         if stdout_cut or _normalize_output(stdout) != _normalize_output(test.get("stdout", "")):
             entry.update(passed=False, status="wrong_output", error=None)

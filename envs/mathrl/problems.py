@@ -108,7 +108,7 @@ def _arithmetic(rng: np.random.Generator, d: int) -> dict[str, Any]:
     value = _evaluate(node, steps)
     expr = _render(node)
     return {"question": f"Compute {expr}.", "answer": value, "steps": steps,
-            "python": expr.replace("×", "*").replace("÷", "/")}
+            "python": expr.replace("×", "*").replace("÷", "//")}  # ÷ is exact here: integer arithmetic
 
 
 # --------------------------------------------------------------------------- fractions

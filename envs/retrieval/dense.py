@@ -116,8 +116,9 @@ def shared_encoder(model: str | None = None, device: str | None = None) -> Sente
     return _shared_encoder(resolve_model(model)[0], resolve_device(device)).model
 
 
-def _auto_nlist(n: int) -> int:
-    # faiss wants >= 39 training points per centroid; 4·sqrt(n) is the usual starting point.
+def auto_nlist(n: int) -> int:
+    """Default IVF list count: 4·sqrt(n), the usual starting point, capped so that every list gets
+    the >= 39 training points faiss asks for."""
     return max(1, min(int(4 * math.sqrt(n)), n // 39))
 
 
@@ -224,7 +225,7 @@ class DenseRetriever(Retriever):
             index = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efConstruction = self.ef_construction
             return index
-        self.nlist = self.nlist or _auto_nlist(n)
+        self.nlist = self.nlist or auto_nlist(n)
         if self.nlist > n:
             raise ValueError(f"ivf needs nlist <= number of passages ({n}), got nlist={self.nlist}")
         quantizer = faiss.IndexFlatIP(self.dim)

@@ -21,11 +21,15 @@ _PROFESSIONS = ["astronomer", "cartographer", "glassblower", "composer", "botani
 _ADJECTIVES = ["amber", "silver", "crimson", "hollow", "northern", "whispering", "iron", "velvet",
                "sunken", "gilded", "frozen", "emerald", "broken", "floating", "midnight", "copper",
                "painted", "eternal", "crooked", "golden", "ashen", "hidden", "lunar", "scarlet",
-               "woven", "distant", "quiet", "burning", "marble", "twin"]
+               "woven", "distant", "quiet", "burning", "marble", "twin", "azure", "bronze", "coral",
+               "drifting", "ember", "fallen", "glass", "harbor", "ivory", "jade", "kindled", "last",
+               "mirrored", "onyx", "pale", "restless", "salt", "thorned", "umber", "winter"]
 _WORKS = ["lighthouse", "codex", "symphony", "telescope", "atlas", "cathedral", "herbarium", "clock",
           "bridge", "sonnet", "loom", "fresco", "theorem", "orrery", "chalice", "harp", "almanac",
           "lantern", "tapestry", "compass", "observatory", "garden", "fountain", "engine", "mosaic",
-          "carillon", "labyrinth", "sextant", "manuscript", "organ"]
+          "carillon", "labyrinth", "sextant", "manuscript", "organ", "aqueduct", "ballad", "canal",
+          "dial", "elegy", "ferry", "globe", "hymnal", "icon", "kiln", "ledger", "mill", "nocturne",
+          "obelisk", "pavilion", "quilt", "requiem", "stage", "tower", "vault"]
 _TEMPLATES = [
     "{name} was a {profession} born in {town} in {year}. {last} is best known for creating the {work}, "
     "and later worked alongside {other} in {town2}.",

@@ -283,6 +283,7 @@ class DockerSandbox(Sandbox):
             f"exec 0<{STDIN_NAME} && rm -f {STDIN_NAME} && printf '\\036agentgym-ready\\036' && "
             't=$1 && shift && exec timeout -s KILL "$t" '
             + " ".join(shlex.quote(a) for a in (python, *PYTHON_FLAGS, PROGRAM_NAME)) + ' "$@"')
+        self._image_checked = False
         self._reap_stale()
         self._pool = _ContainerPool(self._create_container, pool_size, memory_mb)
         self._finalizer = weakref.finalize(self, _remove_ids, self._client, self._pool.live)
@@ -307,10 +308,13 @@ class DockerSandbox(Sandbox):
         self._pool.live.add(container.id)
         try:
             container.start()
-            check = container.exec_run(
-                ["sh", "-c", f"command -v {shlex.quote(self.python)} timeout tar >/dev/null"])
-            if check.exit_code != 0:
-                raise SandboxError(f"image {self.image!r} lacks {self.python}, timeout or tar")
+            if not self._image_checked:  # once per sandbox: the image has what we exec
+                check = container.exec_run(["sh", "-c", "command -v "
+                                            f"{shlex.quote(self.python)} timeout tar"])
+                if check.exit_code != 0:
+                    raise SandboxError(f"image {self.image!r} lacks {self.python}, "
+                                       f"timeout or tar")
+                self._image_checked = True
         except BaseException:
             self._pool.remove(container)
             raise
@@ -384,6 +388,12 @@ class DockerSandbox(Sandbox):
             counted = self._oom_kills(container)
             oom = oom or (counted > 0 if counted is not None else duration < job.time_limit_s)
             timed_out = not oom and duration >= job.time_limit_s
+        if signo is not None and not (oom or timed_out):
+            # An unexplained kill may be the container itself dying (removed, daemon
+            # restart): then its init is gone and a new exec fails -> retried elsewhere.
+            alive = container.exec_run(["true"])
+            if alive.exit_code != 0:
+                raise SandboxError(f"container {container.short_id} died during the run")
         return ExecResult(stdout, stderr, None if signo is not None else code, timed_out, oom,
                           duration, collector.truncated, self.name)
 
