@@ -16,6 +16,7 @@ Conventions worth knowing:
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
@@ -86,7 +87,7 @@ class MovingAverageBaseline:
 
     Calling it returns the baseline for this batch — the average of *earlier* batches, so a batch's
     own returns do not enter its baseline; the first batch (nothing seen yet) uses its own mean —
-    then folds this batch's mean in.
+    then folds this batch's mean in. A batch with a non-finite mean leaves the average alone.
     """
     momentum: float = 0.9
     value: float | None = None
@@ -94,6 +95,8 @@ class MovingAverageBaseline:
 
     def __call__(self, returns: Sequence[float]) -> float:
         mean = float(sum(returns) / len(returns)) if len(returns) else 0.0
+        if not math.isfinite(mean):  # a broken batch (its update will be skipped) must not poison the average
+            return mean
         baseline = mean if self.value is None else self.value
         self.value = mean if self.value is None else self.momentum * self.value + (1 - self.momentum) * mean
         return baseline

@@ -281,9 +281,11 @@ class Learner:
             self._precompute(batch)
             rewards = batch.token_rewards.clone()
             if cfg.kl_coef > 0 and cfg.kl_in == "reward":
-                kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.kl_estimator) * mask
+                # KL of the sampling policy to the reference, on the tokens it sampled (env tokens
+                # have no sampling-time log-prob, even when the ablation trains on them)
+                kl = kl_penalty(batch.old_logprobs, batch.ref_logprobs, cfg.kl_estimator) * batch.loss_mask
                 rewards = rewards - cfg.kl_coef * kl
-                metrics["kl_reward"] = float(masked_mean(kl, mask))
+                metrics["kl_reward"] = float(masked_mean(kl, batch.loss_mask))
             self.compute_advantages(usable, batch, rewards, mask)
             metrics["advantage_mean"] = float(masked_mean(batch.advantages, mask))
             metrics["advantage_std"] = float(masked_mean((batch.advantages - metrics["advantage_mean"]) ** 2, mask).sqrt())

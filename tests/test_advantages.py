@@ -55,6 +55,8 @@ def test_moving_average_baseline_uses_earlier_batches_only():
     # batch 3, mean 0: baseline 3; then 0.5·3 + 0.5·0 = 1.5
     assert ema([0.0]) == pytest.approx(3.0)
     assert ema.value == pytest.approx(1.5)
+    # a non-finite batch (its update is skipped) leaves the average alone
+    assert math.isnan(ema([float("nan"), 1.0])) and ema.value == pytest.approx(1.5)
     restored = MovingAverageBaseline()
     restored.load_state_dict(ema.state_dict())
     assert (restored.momentum, restored.value) == (0.5, 1.5)

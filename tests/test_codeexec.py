@@ -262,6 +262,15 @@ def test_each_test_is_isolated_from_the_others(sandbox):
     assert "Test 3 timed out." in text
 
 
+def test_a_memory_hog_fails_only_its_own_test(sandbox):
+    problem = dict(ISOLATION_PROBLEM, tests=ISOLATION_PROBLEM["tests"][:3])
+    hog = "def f(x):\n    if x == 2:\n        return len(bytearray(1 << 30))\n    return x + 1\n"
+    report = run_tests(sandbox, problem, hog, memory_mb=256)
+    statuses = [t["status"] for t in report["tests"]]
+    assert statuses[0] == statuses[2] == "passed"
+    assert statuses[1] in ("failed", "crashed")  # MemoryError under rlimits, an OOM kill under a cgroup
+
+
 def test_code_that_fails_to_load_fails_every_test_once(sandbox):
     problem = dict(ISOLATION_PROBLEM, tests=ISOLATION_PROBLEM["tests"][:4])
     report = run_tests(sandbox, problem, "import sys\nprint('hi')\nraise RuntimeError('boom at import')\n")
@@ -276,6 +285,25 @@ def test_code_that_fails_to_load_fails_every_test_once(sandbox):
     text = obs[0]["content"]
     assert "failed before any test could run" in text and "TypeError" in text
     assert 'File "solution.py", line 3' in text and "f(None)" in text
+
+
+def test_the_program_cannot_simply_read_the_tests(sandbox):
+    """The payload with every test is gone from the script file, the module and the stack."""
+    problem = {"task_id": "peek", "statement": "Print ok.", "entry_point": None, "visible": 1,
+               "solution": "print('ok')\n", "tests": [{"kind": "io", "stdin": "", "stdout": "ok\n"},
+                                                      {"kind": "io", "stdin": "x\n", "stdout": "EXPECTED-7f3a\n"}]}
+    peek = ("import __main__, os, sys\n"
+            "def found():\n"
+            "    needle = 'EXPECTED-' + '7f3a'\n"
+            "    texts, f = [repr(vars(__main__))], sys._getframe().f_back\n"
+            "    while f is not None:\n"
+            "        texts.append(repr(f.f_locals))\n"
+            "        f = f.f_back\n"
+            "    return any(needle in t for t in texts)\n"
+            "print(getattr(__main__, 'PAYLOAD', 1) is None, os.path.exists('main.py'), found())\n")
+    report = run_tests(sandbox, problem, peek)
+    assert report["tests"][0]["status"] == "wrong_output"
+    assert report["tests"][0]["stdout"] == "True False False\n"
 
 
 def test_hidden_test_details_stay_hidden_unless_revealed(sandbox):

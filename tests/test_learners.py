@@ -96,7 +96,7 @@ def learning_curve(name: str, env_id: str, cfg: LearnerConfig, steps: int) -> li
         for step in range(steps):
             batch = engine.collect(env_id, num_groups=4, group_size=8, seed=step)
             curve.append(batch.metrics["reward_mean"])
-            metrics = learner.update(batch.trajectories)
+            metrics = learner.update(batch)   # a RolloutBatch (or its list of trajectories)
             assert metrics["skipped"] == 0 and metrics["optimizer_steps"] >= 1
         curve.append(engine.collect(env_id, num_groups=4, group_size=8, seed=steps).metrics["reward_mean"])
     finally:

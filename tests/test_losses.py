@@ -312,12 +312,13 @@ def test_learner_update_gives_env_tokens_zero_gradient_only_when_masking(name, e
 
 # --------------------------------------------------------------------------- non-finite losses
 
-@pytest.mark.parametrize("name", ["reinforce", "grpo", "ppo"])
-def test_non_finite_loss_skips_the_update_and_keeps_the_weights(name, episodes):
+@pytest.mark.parametrize("name, baseline", [("reinforce", "rebn"), ("reinforce", "ema"), ("grpo", "rebn"),
+                                            ("ppo", "rebn")])
+def test_non_finite_loss_skips_the_update_and_keeps_the_weights(name, baseline, episodes):
     policy = new_policy()
     trajs = copy.deepcopy(episodes)
     trajs[0].step_rewards[-1] = float("nan")
-    learner = make_learner(name, policy, LearnerConfig(lr=1e-2))
+    learner = make_learner(name, policy, LearnerConfig(lr=1e-2, baseline=baseline))
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
     head_before = [p.clone() for p in learner.critic_parameters()]
     metrics = learner.update(trajs)
@@ -326,6 +327,8 @@ def test_non_finite_loss_skips_the_update_and_keeps_the_weights(name, episodes):
     assert all(torch.equal(a, b) for a, b in zip(head_before, learner.critic_parameters()))
     assert learner.optimizer.state == {} and learner.step == 0
     assert all(p.grad is None for p in learner.policy_parameters())
+    if baseline == "ema":
+        assert learner.baseline.value is None    # the moving average did not take the NaN in
 
 
 def test_infinite_old_logprob_is_caught_too(episodes):

@@ -379,6 +379,21 @@ class Host:
         self.listener.close()
 
 
+def describe(pids: list[int]) -> str:
+    """uid, state and command of host processes, for failure messages."""
+    out = []
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+            out.append(f"{pid} uid={fields['Uid'].split()[0]} {fields['State'].strip()} "
+                       f"ppid={fields['PPid'].strip()} {cmd.decode(errors='replace')}")
+        except OSError:
+            out.append(f"{pid} (gone)")
+    return "; ".join(out)
+
+
 @pytest.fixture
 def host(tmp_path):
     h = Host(tmp_path)
@@ -468,7 +483,8 @@ def test_evil_program_is_contained(backend, name, sandboxes, host):
         contained["killed itself only"] = result.exit_code is None and not result.timed_out
     elif name == "escape_process_group":
         contained["run finished"] = result.stdout == "escaped\n"
-    contained["no sandboxed process left on the host"] = host.leftover_processes() == []
+    left = host.leftover_processes()
+    contained[f"no sandboxed process left on the host {describe(left)}"] = not left
 
     # --- the host and the sandbox are fine afterwards (never excused by xfail)
     if not os.path.exists(f"/proc/{os.getpid()}"):

@@ -30,10 +30,11 @@ from typing import Any, Mapping, Sequence
 from agentgym import AgentEnv, Reward, Transition
 from agentgym.parsing import extract_code_blocks
 from agentgym.rewards import CallCost, InvalidActionPenalty, StepEvent
+from agentgym.envs.codeexec.harness import REPORT_MARK
 from agentgym.envs.codeexec.problems import bundled_problems, load_problems, validate_problem
 
-__all__ = ["CodeExecEnv", "TestsPassed", "SYSTEM_PROMPT", "resolve_sandbox", "run_tests", "run_tests_batch", "format_report",
-           "PYTHON_LANGS"]
+__all__ = ["CodeExecEnv", "TestsPassed", "SYSTEM_PROMPT", "resolve_sandbox", "run_tests", "run_tests_batch",
+           "format_report", "PYTHON_LANGS"]
 
 SYSTEM_PROMPT = (
     "You are an expert Python programmer. Solve the task with a complete Python program inside one "
@@ -44,7 +45,6 @@ SYSTEM_PROMPT = (
 PYTHON_LANGS = ("python", "py", "python3")
 REWARD_MODES = ("pass_rate", "all_pass")
 _HARNESS_SOURCE: str | None = None
-_REPORT_MARK = "@@AGENTGYM_CODEEXEC_REPORT@@"
 
 
 def _harness_source() -> str:
@@ -80,7 +80,7 @@ def resolve_sandbox(spec: Any = "auto") -> Any:
 
 
 def run_tests(sandbox: Any, problem: Mapping[str, Any], solution: str, *, test_time_limit_s: float = 4.0,
-              time_limit_s: float = 20.0, memory_mb: int = 512, max_error_chars: int = 800,
+              time_limit_s: float = 20.0, memory_mb: int = 256, max_error_chars: int = 800,
               max_output_chars: int = 1000) -> dict[str, Any]:
     """Grade ``solution`` on all tests of ``problem`` in one sandbox run.
 
@@ -95,7 +95,7 @@ def run_tests(sandbox: Any, problem: Mapping[str, Any], solution: str, *, test_t
 
 
 def run_tests_batch(sandbox: Any, jobs: Sequence[tuple[Mapping[str, Any], str]], *, test_time_limit_s: float = 4.0,
-                    time_limit_s: float = 20.0, memory_mb: int = 512, max_error_chars: int = 800,
+                    time_limit_s: float = 20.0, memory_mb: int = 256, max_error_chars: int = 800,
                     max_output_chars: int = 1000, details: bool = True, jobs_per_run: int = 16) -> list[dict[str, Any]]:
     """Grade many ``(problem, solution)`` pairs, ``jobs_per_run`` of them per sandbox run
     (``time_limit_s`` is per pair).
@@ -126,9 +126,9 @@ def _run_chunk(sandbox: Any, jobs: Sequence[tuple[Mapping[str, Any], str]], *, t
             "backend": res.backend}
     report = None
     for line in reversed(res.stdout.splitlines()):
-        if line.startswith(_REPORT_MARK):
+        if line.startswith(REPORT_MARK):
             try:
-                report = json.loads(line[len(_REPORT_MARK):])
+                report = json.loads(line[len(REPORT_MARK):])
             except json.JSONDecodeError:
                 report = None
             break
@@ -284,7 +284,7 @@ class CodeExecEnv(AgentEnv):
                  problems: Sequence[Mapping[str, Any]] | None = None, max_attempts: int = 3,
                  reward_mode: str = "pass_rate", attempt_cost: float = 0.05, format_penalty: float = 0.1,
                  sandbox: Any = "auto", test_time_limit_s: float = 4.0, time_limit_s: float = 20.0,
-                 memory_mb: int = 512, visible_tests: int | None = None, reveal_hidden_tests: bool = False,
+                 memory_mb: int = 256, visible_tests: int | None = None, reveal_hidden_tests: bool = False,
                  max_turns: int | None = None, max_action_chars: int = 16_384,
                  reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None):
         if max_attempts < 1:

@@ -13,8 +13,11 @@ one interpreter start instead of one per test.
 For function-style problems the solution is first loaded alone (``load`` check): if importing it
 fails or hangs, every assert test fails with that one error instead of timing out once per test.
 
-This guards against accidents, not against a policy that deliberately attacks the harness (it
-could, e.g., write to an inherited descriptor); the sandbox is the security boundary.
+The tests are kept out of the program's easy reach: the script deletes its own file (``main.py``
+holds the payload) and each child forgets all test data before the solution runs. This guards
+against accidents and casual reward hacks, not against a program that deliberately attacks the
+harness (walking interpreter frames, writing to an inherited descriptor); the sandbox is the
+security boundary.
 """
 
 import ast
@@ -92,9 +95,9 @@ def _run_assert(source, filename, ns, limit):
             exec(compile(ast.Module(body=body[:-1], type_ignores=[]), filename, "exec"), ns)
         left = eval(compile(ast.Expression(node.test.left), filename, "eval"), ns)
         right = eval(compile(ast.Expression(node.test.comparators[0]), filename, "eval"), ns)
-        if isinstance(right, _BUILTIN_TYPES) and not isinstance(left, _BUILTIN_TYPES):
+        if isinstance(right, _BUILTIN_TYPES) and type(left) is not type(right):
             mod = getattr(type(left), "__module__", "")
-            if mod in (ns.get("__name__"), "__main__", "solution"):
+            if mod in (ns.get("__name__"), "__main__", "solution"):  # also catches `class X(int)` tricks
                 raise _Failed("got a %s object (defined by the solution) where a %s was expected"
                               % (type(left).__name__, type(right).__name__))
         if not left == right:
@@ -110,16 +113,28 @@ def _run_assert(source, filename, ns, limit):
     exec(compile(tree, filename, "exec"), ns)
 
 
+def _scrub(P, test):
+    """Forget every test's data in this child before the solution runs, so the program cannot simply
+    read the hidden tests or expected outputs (``import __main__; __main__.PAYLOAD``)."""
+    for key in ("jobs", "tests"):
+        if isinstance(P.get(key), list):
+            del P[key][:]
+    P.clear()
+    test.clear()
+    globals()["PAYLOAD"] = None
+
+
 def _child(P, test, index, result_path):
     """Body of the child process for one test (never returns)."""
-    limit = P["max_error_chars"]
+    limit, solution, setup = P["max_error_chars"], P["solution"], P.get("setup") or ""
+    kind, test_code = test["kind"], test.get("code", "")
+    _scrub(P, test)
     result = {"ok": False}
     try:
-        kind = test["kind"]
         ns = {"__name__": "__main__" if kind == "io" else "solution", "__builtins__": __builtins__}
         sys.argv = ["solution.py"]
-        _register_source("solution.py", P["solution"])
-        code = compile(P["solution"], "solution.py", "exec")
+        _register_source("solution.py", solution)
+        code = compile(solution, "solution.py", "exec")
         try:
             exec(code, ns)
         except SystemExit as e:
@@ -130,12 +145,11 @@ def _child(P, test, index, result_path):
                                                  % (e.code,), "frames": []}}
                 raise _Done()
         if kind == "assert":
-            setup = P.get("setup") or ""
             if setup:
                 exec(compile(setup, "<setup>", "exec"), ns)
             name = "<test %d>" % index
-            _register_source(name, test["code"])
-            _run_assert(test["code"], name, ns, limit)
+            _register_source(name, test_code)
+            _run_assert(test_code, name, ns, limit)
         result = {"ok": True}
     except _Done:
         pass
@@ -320,6 +334,11 @@ def grade(P, workdir):
 
 def main(P):
     """Grade every job of the payload (one per attempt; many when validating a problem set)."""
+    if os.path.basename(sys.argv[0]) == "main.py":  # the sandbox's copy of this script holds the tests
+        try:
+            os.unlink(sys.argv[0])
+        except OSError:
+            pass
     workdir = tempfile.mkdtemp(prefix="agentgym-")
     reports = []
     for job in P["jobs"]:

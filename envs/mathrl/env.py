@@ -173,7 +173,7 @@ class MathEnv(AgentEnv):
 
     def __init__(self, *, split: str = "train", kinds: Sequence[str] = KINDS, difficulty: int | Sequence[int] = (1, 3),
                  tools: bool = False, sandbox: Any = "auto", max_tool_calls: int = 3, tool_time_limit_s: float = 5.0,
-                 memory_mb: int = 512, max_output_chars: int = 2000, guess_step_ratio: float = 0.5,
+                 memory_mb: int = 256, max_output_chars: int = 2000, guess_step_ratio: float = 0.5,
                  repetition_tolerance: float = 0.3, length_budget: int = 4000, observation_style: str = "chat",
                  max_turns: int | None = None, max_action_chars: int = 16_384,
                  reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None):
@@ -234,9 +234,12 @@ class MathEnv(AgentEnv):
         return [{"role": "system", "content": system}, {"role": "user", "content": str(task["question"])}]
 
     def on_reset(self, task: Mapping[str, Any]) -> None:
-        if "question" not in task or parse_number(str(task.get("answer", task.get("answers", [""])[0]))) is None:
-            raise ValueError("a Math-v0 task needs a 'question' and a numeric 'answer'")
-        self.task.setdefault("answers", [str(task["answer"])] if "answer" in task else [])
+        gold = task.get("answers") or ([task["answer"]] if "answer" in task else [])
+        gold = [gold] if isinstance(gold, (str, int, float)) else list(gold)
+        if not isinstance(task.get("question"), str) or not gold or any(parse_number(str(g)) is None for g in gold):
+            raise ValueError("a Math-v0 task needs a 'question' string and a numeric 'answer' (or 'answers')")
+        self.task["answers"] = [str(g) for g in gold]
+        self.task.setdefault("answer", self.task["answers"][0])
         self._code_runs = 0
 
     # ------------------------------------------------------------------ one step
@@ -297,7 +300,8 @@ class MathEnv(AgentEnv):
         if tools and context.get("turn", 0) == 0 and task.get("python"):
             return ("<think>\nLet me compute this exactly with Python first.\n</think>\n```python\n"
                     f"from fractions import Fraction as F\nprint({task['python']})\n```")
-        answer = parse_number(task["answer"])
-        boxed = latex_fraction(answer) if answer is not None else task["answer"]
-        steps = "\n".join(task.get("steps", []))
+        gold = str(task.get("answer", (task.get("answers") or [""])[0]))
+        answer = parse_number(gold)
+        boxed = latex_fraction(answer) if answer is not None else gold
+        steps = "\n".join(task.get("steps") or [f"Working it through gives {gold}."])
         return f"<think>\n{steps}\n</think>\nThe answer is \\boxed{{{boxed}}}."

@@ -114,17 +114,19 @@ def _pump(sock: socket.socket, deadline: float,
     """
     buf = bytearray()
     ready = False
-    setup = bytearray()
+    setup = bytearray()  # stdout before the marker: the setup's own messages
+    early_err = bytearray()  # stderr before the marker: Docker copies the two pipes
+    # independently, so the program's first stderr can overtake the marker on stdout
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return "deadline", ready, bytes(setup)
+            return "deadline", ready, bytes(setup if ready else setup + early_err)
         readable, _, _ = select.select([sock], [], [], remaining)
         if not readable:
             continue
         chunk = sock.recv(65536)
         if not chunk:
-            return "eof", ready, bytes(setup)
+            return "eof", ready, bytes(setup if ready else setup + early_err)
         buf += chunk
         while len(buf) >= 8:
             size = int.from_bytes(buf[4:8], "big")
@@ -133,11 +135,17 @@ def _pump(sock: socket.socket, deadline: float,
             stream, payload = buf[0], bytes(buf[8:8 + size])
             del buf[:8 + size]
             if not ready:
-                setup += payload
-                if stream != 1 or _READY not in setup:
+                if stream != 1:
+                    early_err += payload
+                    del early_err[collector.cap + 1:]  # enough to trip the cap later
                     continue
-                before, _, rest = bytes(setup).partition(_READY)
-                setup, payload, ready = bytearray(before), rest, True
+                setup += payload
+                if _READY not in setup:
+                    continue
+                before, _, payload = bytes(setup).partition(_READY)
+                setup, ready = bytearray(before), True
+                if early_err and not collector.add(2, bytes(early_err)):
+                    return "overflow", ready, bytes(setup)
             if payload and not collector.add(2 if stream == 2 else 1, payload):
                 return "overflow", ready, bytes(setup)
 
@@ -337,6 +345,9 @@ class DockerSandbox(Sandbox):
                     pass
 
     # -- running ------------------------------------------------------------------------
+    def _reserved_names(self) -> tuple[str, ...]:
+        return (STDIN_NAME,)
+
     def _execute(self, job: Job) -> ExecResult:
         container, mem = self._pool.acquire(self.acquire_timeout_s)
         try:
