@@ -288,7 +288,8 @@ class Learner:
                 metrics["kl_reward"] = float(masked_mean(kl, batch.loss_mask))
             self.compute_advantages(usable, batch, rewards, mask)
             metrics["advantage_mean"] = float(masked_mean(batch.advantages, mask))
-            metrics["advantage_std"] = float(masked_mean((batch.advantages - metrics["advantage_mean"]) ** 2, mask).sqrt())
+            centred = batch.advantages - metrics["advantage_mean"]
+            metrics["advantage_std"] = float(masked_mean(centred ** 2, mask).sqrt())
             self._set_training(True)
             metrics.update(self._optimize(batch))
         finally:
@@ -348,7 +349,8 @@ class Learner:
                      position_ids=micro.position_ids, use_cache=False, output_hidden_states=hidden,
                      logits_to_keep=micro.width - micro.logits_offset if logits else 1)
 
-    def _logprobs(self, outputs: Any, micro: Batch, *, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _logprobs(self, outputs: Any, micro: Batch, *,
+                  entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         return token_logprobs(outputs.logits, micro.input_ids, self.config.temperature, offset=micro.logits_offset,
                               with_entropy=entropy, entropy_grad=self.config.entropy_coef != 0)
 
@@ -604,7 +606,8 @@ class ValueModel(nn.Module):
         self.body = causal_lm.base_model
         self.head = _value_head(causal_lm.config.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor) -> torch.Tensor:
         h = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       use_cache=False).last_hidden_state
         return _aligned_values(self.head, h)

@@ -51,10 +51,10 @@ class EvalConfig:
 class TrainConfig:
     """Everything a run needs. Defaults: the README's main job (a short CPU run)."""
     env: str = "Arithmetic-v0"
-    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"hard_fraction": 0.0})
+    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"hard_fraction": 0.0, "max_turns": 2})
     model: str = "smollm2"
     algo: str = "grpo"
-    steps: int = 12
+    steps: int = 8
     groups_per_step: int = 4
     group_size: int = 4
     seed: int = 0
@@ -62,7 +62,7 @@ class TrainConfig:
     max_obs_tokens: int | None = 256
     max_context_tokens: int = 2048
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(lr=1e-5, micro_batch_size=4))
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint_every: int = 4
     keep_checkpoints: int = 2

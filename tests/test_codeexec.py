@@ -408,6 +408,7 @@ def test_humaneval_loader_and_env(tmp_path, sandbox):
 def test_mbpp_loader_and_env(tmp_path, sandbox):
     path = _write_jsonl(tmp_path / "mbpp.jsonl", MBPP_ROWS)
     problems = load_problems(path)
+    assert problems == load_mbpp_jsonl(path)
     assert [p["source"] for p in problems] == ["mbpp", "mbpp"] and [p["task_id"] for p in problems] == ["11", "12"]
     assert problems[0]["visible"] == 3 and problems[0]["solution"] == "def cube(n):\n    return n ** 3"
     assert problems[1]["setup"] == "FACTOR = 10"

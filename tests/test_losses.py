@@ -262,7 +262,8 @@ def episodes():
     torch.manual_seed(0)
     engine = RolloutEngine(new_policy(), RolloutConfig(sampling=SamplingParams(max_new_tokens=4),
                                                        style="continuation", env_workers=1))
-    trajs = engine.collect("Arithmetic-v0", num_groups=1, group_size=2, seed=0, env_kwargs={"max_turns": 2}).trajectories
+    trajs = engine.collect("Arithmetic-v0", num_groups=1, group_size=2, seed=0,
+                           env_kwargs={"max_turns": 2}).trajectories
     engine.close()
     for k, t in enumerate(trajs):  # give the two episodes different returns (GRPO needs a difference)
         t.step_rewards = [float(k + 1)] * len(t.step_rewards)

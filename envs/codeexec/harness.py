@@ -262,7 +262,8 @@ def _run_test(P, test, index, workdir, time_limit):
              "stderr": _cut(stderr, P["max_error_chars"])}
     if timed_out:
         entry.update(passed=False, status="timeout",
-                     error={"type": "Timeout", "message": "the test did not finish within %gs" % time_limit, "frames": []})
+                     error={"type": "Timeout", "message": "the test did not finish within %gs" % time_limit,
+                            "frames": []})
     else:
         try:
             res = _loads(raw) if raw else None
@@ -276,7 +277,8 @@ def _run_test(P, test, index, workdir, time_limit):
             else:
                 how = "exited with status %d" % os.WEXITSTATUS(status)
             entry.update(passed=False, status="crashed",
-                         error={"type": "Crash", "message": "the process %s before the test finished" % how, "frames": []})
+                         error={"type": "Crash", "message": "the process %s before the test finished" % how,
+                                "frames": []})
         elif res.get("ok"):
             entry.update(passed=True, status="passed", error=None)
         else:

@@ -60,7 +60,8 @@ def _rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ProblemFormatError(f"{_where(p, lineno)}: not valid JSON ({e.msg} at column {e.colno})") from None
+                    raise ProblemFormatError(
+                        f"{_where(p, lineno)}: not valid JSON ({e.msg} at column {e.colno})") from None
                 if not isinstance(obj, dict):
                     raise ProblemFormatError(f"{_where(p, lineno)}: expected a JSON object, got {type(obj).__name__}")
                 yield lineno, obj

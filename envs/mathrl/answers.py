@@ -162,7 +162,8 @@ def parse_number(text: str | None) -> Fraction | None:
         s = s[1:].strip()
     m = _LATEX_MIXED.match(s)
     if m:
-        whole, frac = Fraction(int(m.group(2))), _ratio(_decimal(m.group(3).strip("{}")), _decimal(m.group(4).strip("{}")))
+        whole = Fraction(int(m.group(2)))
+        frac = _ratio(_decimal(m.group(3).strip("{}")), _decimal(m.group(4).strip("{}")))
         if frac is None:
             return None
         value = whole + frac

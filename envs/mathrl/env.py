@@ -257,7 +257,8 @@ class MathEnv(AgentEnv):
 
     def _run_code(self, action: str, code: str) -> Transition:
         if self._code_runs >= self.max_tool_calls:
-            return self.invalid(f"You have used all {self.max_tool_calls} code runs. Give the final answer in \\boxed{{}}.")
+            return self.invalid(f"You have used all {self.max_tool_calls} code runs. "
+                                "Give the final answer in \\boxed{}.")
         if not code.strip():
             return self.invalid("Your ```python block is empty.")
         self._code_runs += 1

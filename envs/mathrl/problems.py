@@ -246,7 +246,8 @@ def _word(rng: np.random.Generator, d: int) -> dict[str, Any]:
         pct = _int(rng, 1, 19) * 5
         off = Fraction(price * pct, 100)
         q = f"A jacket costs ${price}. It is sold at a {pct}% discount. What is the sale price in dollars?"
-        steps = [f"{pct}% of {price} = {price} × {pct} ÷ 100 = {_fmt(off)}", f"{price} - {_fmt(off)} = {_fmt(price - off)}"]
+        steps = [f"{pct}% of {price} = {price} × {pct} ÷ 100 = {_fmt(off)}",
+                 f"{price} - {_fmt(off)} = {_fmt(price - off)}"]
         return {"question": q, "answer": Fraction(price) - off, "steps": steps,
                 "python": f"F({price}) - F({price} * {pct}, 100)"}
     # template 5: filling a tank with a leak
