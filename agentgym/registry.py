@@ -22,6 +22,8 @@ BUILTIN_ENVS: dict[str, str] = {
     "Arithmetic-v0": "agentgym.envs.arithmetic:ArithmeticEnv",
     "SearchQA-v0": "agentgym.envs.searchqa.env:SearchQAEnv",
     "ToolCall-v0": "agentgym.envs.toolcall:ToolCallEnv",
+    "CodeExec-v0": "agentgym.envs.codeexec.env:CodeExecEnv",
+    "Math-v0": "agentgym.envs.mathrl.env:MathEnv",
 }
 
 

@@ -91,7 +91,8 @@ def measure(once: Callable[[], bool], runs: int, threads: int) -> dict:
 
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version(), "machine": platform.machine(),
-           "cpus": str(os.cpu_count()), "kernel": platform.release()}
+           "cpus": str(os.cpu_count()), "kernel": platform.release(),
+           "load avg (1 min)": f"{os.getloadavg()[0]:.1f}"}  # other work skews the numbers
     for name, cmd in (("docker", ["docker", "version", "--format", "{{.Server.Version}}"]),
                       ("bwrap", ["bwrap", "--version"])):
         try:

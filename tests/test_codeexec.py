@@ -29,7 +29,8 @@ if ENV_ID not in gym.registry:
 
 @pytest.fixture(scope="module")
 def sandbox():
-    return best_sandbox()
+    with best_sandbox() as sb:
+        yield sb
 
 
 def fenced(code: str) -> str:
@@ -340,8 +341,8 @@ def test_stdin_stdout_problem_feedback(sandbox):
 
 def test_sandbox_argument_forms():
     assert CodeExecEnv(sandbox="subprocess").sandbox.name == "subprocess"
-    sb = best_sandbox()
-    assert CodeExecEnv(sandbox=sb).sandbox is sb
+    with best_sandbox() as sb:
+        assert CodeExecEnv(sandbox=sb).sandbox is sb
     with pytest.raises(ValueError, match="unknown sandbox"):
         CodeExecEnv(sandbox="vm")
 

@@ -176,7 +176,8 @@ def test_check_env_passes():
 # --------------------------------------------------------------------------- tools mode
 @pytest.fixture(scope="module")
 def sandbox():
-    return best_sandbox()
+    with best_sandbox() as sb:
+        yield sb
 
 
 def test_python_tool_round_trip_on_best_sandbox(sandbox):

@@ -207,7 +207,7 @@ print(json.dumps(out))
     "write_outside_workdir": """
 import json, sys
 out = {}
-for path in sys.argv[1:]:
+for path in sys.argv[1:-1]:
     try:
         with open(path, "w") as f:
             f.write("pwned")
@@ -230,7 +230,7 @@ while True:
     "kill_parent": """
 import json, os, signal, sys
 out = {}
-for pid in map(int, sys.argv[2:]):
+for pid in map(int, sys.argv[2:-1]):
     try:
         os.kill(pid, signal.SIGKILL)
         out[pid] = "killed"
@@ -249,7 +249,7 @@ for name, fn in [("ppid", lambda: os.kill(ppid, signal.SIGKILL)),
     "proc_snooping": """
 import json, os, sys
 out = {"visible": [], "read": {}, "matches": []}
-for pid in sys.argv[1:]:
+for pid in sys.argv[1:-1]:
     if os.path.exists("/proc/%s" % pid):
         out["visible"].append(pid)
     for what in ("cmdline", "environ"):
@@ -314,7 +314,9 @@ class Host:
     """Things outside the sandbox a program must not reach: files, processes, a listener."""
 
     def __init__(self, tmp_path: Path) -> None:
-        self.token = "agentgym-token-" + uuid.uuid4().hex[:12]
+        self.token = "agentgym-token-" + uuid.uuid4().hex[:12]  # in the victim's argv
+        # last argv of every program this test runs: finds *its* processes on a shared host
+        self.run_tag = "agentgym-run-" + uuid.uuid4().hex[:12]
         self.marker = Path("/tmp") / f"agentgym-marker-{self.token}"
         self.marker.write_text("original")
         self.marker.chmod(0o644)
@@ -345,7 +347,7 @@ class Host:
         return True
 
     def leftover_processes(self, wait_s: float = 4.0) -> list[int]:
-        """Host processes still running a sandboxed program (cmdline ends in main.py ...)."""
+        """Host processes still running this test's sandboxed program (tagged argv)."""
         deadline = time.monotonic() + wait_s
         while True:
             found = []
@@ -357,7 +359,7 @@ class Host:
                     state = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[0]
                 except OSError:
                     continue
-                if b"main.py" in cmd and state != "Z":
+                if self.run_tag.encode() in cmd and state != "Z":
                     found.append(int(d))
             if not found or time.monotonic() > deadline:
                 return found
@@ -430,22 +432,23 @@ def test_evil_program_is_contained(backend, name, sandboxes, host):
     t0 = time.monotonic()
 
     if name == "kill_parent" and backend == "subprocess":
-        # kill(-1) from a program running as *our* uid would kill this test run itself
-        mode = "all" if sb.drops_privileges else "targets"
-        out = _run_in_harness(backend, code, [mode, str(host.victim.pid),
-                                              str(host.victim_same_uid.pid)])
+        # No kill(-1) here: unconfined it would hit every process of the run uid on the
+        # machine (this test run, or other sandboxes as nobody); the victims make the point.
+        out = _run_in_harness(backend, code, ["targets", str(host.victim.pid),
+                                              str(host.victim_same_uid.pid), host.run_tag])
         if out["returncode"] != 0:
             pytest.fail(f"the host process running the sandbox died or failed: {out}")
         contained["harness result"] = out["after"] == "42\n"
         result = ExecResult(**out["result"])
     elif name == "kill_parent":  # namespaced: the parent is the sandbox's own init/timeout
         result = sb.run(code, argv=["all", str(host.victim.pid),
-                                    str(host.victim_same_uid.pid)], time_limit_s=10)
+                                    str(host.victim_same_uid.pid), host.run_tag],
+                        time_limit_s=10)
     else:
         args = {"network": [str(host.port)], "write_outside_workdir": host.outside,
                 "proc_snooping": [str(os.getpid()), str(host.victim.pid)]}.get(name, [])
         limit = 1.0 if name in ("fork_bomb", "infinite_loop", "sleep_past_limit") else 10.0
-        result = sb.run(code, argv=args, time_limit_s=limit, memory_mb=128)
+        result = sb.run(code, argv=[*args, host.run_tag], time_limit_s=limit, memory_mb=128)
 
     # --- what each program must (not) achieve
     out_text = result.stdout + result.stderr
@@ -551,6 +554,7 @@ def test_docker_recycles_after_a_container_dies(docker_sb):
     import docker as docker_sdk
     client = docker_sdk.from_env()
     killed = []
+    tag = "agentgym-run-" + uuid.uuid4().hex[:12]  # only ever touch our own container
 
     def kill_running_container():
         deadline = time.monotonic() + 20
@@ -558,7 +562,7 @@ def test_docker_recycles_after_a_container_dies(docker_sb):
             for c in client.api.containers(filters={"label": "org.agentgym.sandbox"}):
                 try:
                     procs = client.api.top(c["Id"]).get("Processes") or []
-                    if any("main.py" in " ".join(p) for p in procs):
+                    if any(tag in " ".join(p) for p in procs):
                         client.api.remove_container(c["Id"], force=True)
                         killed.append(c["Id"])
                         return
@@ -568,7 +572,7 @@ def test_docker_recycles_after_a_container_dies(docker_sb):
 
     t = threading.Thread(target=kill_running_container)
     t.start()
-    r = docker_sb.run("import time; time.sleep(2); print('done')", time_limit_s=10)
+    r = docker_sb.run("import time; time.sleep(2); print('done')", argv=[tag], time_limit_s=10)
     t.join()
     assert killed and r.ok and r.stdout == "done\n"
 
