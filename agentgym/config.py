@@ -61,6 +61,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return dict(value)
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-5" (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
     if tp is int and isinstance(value, bool):
         raise ConfigError(f"{where}: expected int, got bool")
     if isinstance(tp, type) and not isinstance(value, tp):

@@ -34,7 +34,7 @@ __all__ = ["TrainConfig", "SamplingConfig", "EvalConfig", "train", "Trainer"]
 
 @dataclass
 class SamplingConfig:
-    max_new_tokens: int = 48
+    max_new_tokens: int = 40
     temperature: float = 1.0
     top_p: float = 1.0
 
@@ -42,7 +42,7 @@ class SamplingConfig:
 @dataclass
 class EvalConfig:
     every: int = 0                  # steps between evals (0: only before and after training)
-    episodes: int = 16
+    episodes: int = 8
     env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
     first_task: int = 0             # the same held-out tasks at every eval
 
@@ -54,7 +54,7 @@ class TrainConfig:
     env_kwargs: dict[str, Any] = field(default_factory=lambda: {"hard_fraction": 0.0, "max_turns": 2})
     model: str = "smollm2"
     algo: str = "grpo"
-    steps: int = 8
+    steps: int = 6
     groups_per_step: int = 4
     group_size: int = 4
     seed: int = 0

@@ -39,7 +39,9 @@ term                 weight  raw value
 ``tool_overuse``     0.1     terminal: −1 if the episode made more than ``many_tool_calls`` (5)
                              tool calls
 ``thought_quality``  0.05    terminal: share of the episode's steps whose ``Thought:`` is non-empty
-                             and not a copy (after answer normalisation) of an earlier step's thought
+                             and not a copy of an earlier step's thought, both after Search-R1
+                             answer normalisation (so "The." is empty and "Let me see" copies
+                             "let me see!")
                              — terminal and a share, so padding an episode with steps earns nothing
 ``format_error``     0.1     step: −1 for a malformed step, an unknown tool or an empty input; the
                              observation says what was wrong and how to write a step
@@ -69,7 +71,7 @@ from agentgym.envs.calculator import calculator
 from agentgym.envs.searchqa.data import bundled_dataset, split_title
 from agentgym.envs.searchqa.env import format_passages, get_retriever
 
-__all__ = ["ReActEnv", "REACT_SYSTEM_PROMPT", "DEFAULT_WEIGHTS", "TOOL_ACTION_TYPES", "RELATION_PHRASES",
+__all__ = ["ReActEnv", "REACT_SYSTEM_PROMPT", "DEFAULT_WEIGHTS", "TOOL_ACTION_TYPES", "RELATION_PHRASES", "hop_chain",
            "ToolEfficiency", "ToolOveruse", "ThoughtQuality", "WrongAnswer"]
 
 REACT_SYSTEM_PROMPT = """\
@@ -471,8 +473,8 @@ class ReActEnv(AgentEnv):
             else:
                 tried.append(_plain_input(parsed.action_input))
         if hop == len(chain):
-            return (f"Thought: The passage about {chain[-1]['entity']} gives the {chain[-1]['phrase']}: {found}. "
-                    f"That answers the question.\nFinal Answer: {found}")
+            return (f"Thought: The passage about {chain[-1]['entity']} states its '{chain[-1]['phrase']}' fact: "
+                    f"{found}. That answers the question.\nFinal Answer: {found}")
         link = chain[hop]
         description = _description(link["entity"], [obs for _, obs in steps])
         candidates = [f"{link['entity']} {link['phrase']}", link["entity"]]
@@ -481,13 +483,14 @@ class ReActEnv(AgentEnv):
         query = next((q for q in candidates if q not in tried), None)
         if query is None:
             return "Thought: I could not find the passage I need.\nFinal Answer: unknown"
+        fact = f"{link['entity']}'s '{link['phrase']}' fact"
         if tried:
-            thought = f"The results do not say that yet, so I search more specifically for {query!r}."
+            thought = f"The results do not state {fact} yet, so I search more specifically for {query!r}."
         elif hop == 0:
-            thought = f"I need the {link['phrase']} of {link['entity']}, so I search for {query!r}."
+            thought = f"I need {fact}, so I search for {query!r}."
         else:
-            thought = (f"The passage says {chain[hop - 1]['entity']} leads to {link['entity']}. Now I need the "
-                       f"{link['phrase']} of {link['entity']}, so I search for {query!r}.")
+            thought = (f"The passage links {chain[hop - 1]['entity']} to {link['entity']}. Now I need {fact}, "
+                       f"so I search for {query!r}.")
         return f"Thought: {thought}\nAction: search\nAction Input: {query}"
 
 

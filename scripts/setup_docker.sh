@@ -54,7 +54,7 @@ wait_for_docker() {
 }
 
 start_dockerd() {  # $@: extra dockerd flags
-  say "starting dockerd $* (log: $LOG)"
+  say "starting dockerd${*:+ $*} (log: $LOG)"
   # setsid + nohup: the daemon outlives this script (and the CI step that ran it)
   nohup setsid dockerd "$@" >>"$LOG" 2>&1 </dev/null &
 }

@@ -17,7 +17,7 @@ from agentgym.checking import check_invalid_step
 from agentgym.envs.react import DEFAULT_WEIGHTS, REACT_SYSTEM_PROMPT, ReActEnv
 from agentgym.policies.models import load_tokenizer
 from agentgym.policies.scripted import ScriptedPolicy
-from agentgym.rewards import exact_match
+from agentgym.rewards import exact_match, normalize_answer
 from agentgym.rollout import RolloutConfig, RolloutEngine
 
 ENV_ID = "agentgym/ReAct-v0"
@@ -25,6 +25,22 @@ if ENV_ID not in gym.registry:  # until the built-in table lists it; harmless af
     agentgym.register("ReAct-v0", entry_point="agentgym.envs.react:ReActEnv")
 
 TERMS = set(DEFAULT_WEIGHTS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_threaded_math():
+    """One torch/faiss thread here: on a shared 2-core runner OpenMP spin-waiting makes each
+    one-query encode ~6x slower with 2 threads (measured: 180 vs 30 ms); results do not depend
+    on it. Restored afterwards."""
+    import faiss
+    import torch
+
+    torch_threads, faiss_threads = torch.get_num_threads(), faiss.omp_get_max_threads()
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    yield
+    torch.set_num_threads(torch_threads)
+    faiss.omp_set_num_threads(faiss_threads)
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +127,31 @@ def test_oracle_solves_every_test_task_directly(test_env):
             retried.append(test_env.task["id"])
     assert not failures, failures
     assert len(retried) <= 2, retried  # first queries almost always retrieve the evidence
+
+
+def mentions(text: str, phrase: str) -> bool:
+    return f" {normalize_answer(phrase)} " in f" {normalize_answer(text)} "
+
+
+def test_first_queries_on_train_find_the_evidence_and_the_oracle_recovers_from_misses():
+    """All train tasks in one batched search: the oracle's first query for every hop (entity +
+    relation phrase) must retrieve a passage naming the entity and the hop's target. The few misses
+    are reported here and must be solved by the oracle's follow-up queries."""
+    env = ReActEnv(split="train")
+    tasks = [env.get_task(i) for i in range(env.num_tasks)]
+    where = [(i, link) for i, t in enumerate(tasks) for link in t["hop_chain"]]
+    assert len(where) == sum(t["hops"] for t in tasks)
+    hits = env.retriever.search([f"{link['entity']} {link['phrase']}" for _, link in where], topk=env.topk)
+    missed = sorted({i for (i, link), found in zip(where, hits)
+                     if not any(mentions(h.contents, link["entity"]) and any(mentions(h.contents, a) for a in link["answers"])
+                                for h in found)})
+    # seed 0 "small": 1 miss in 933 hops (a spouse named only in the second passage of a two-passage
+    # biography, ranked 4th); the oracle then adds the person's description ("mountaineer") to the query
+    assert len(missed) <= 2, [tasks[i]["id"] for i in missed]
+    for i in missed:
+        summary = play(env, ReActEnv.oracle, task_index=i)[-1][4]["episode_summary"]
+        assert summary["success"] and summary["hops"] < summary["searches"] <= 3, tasks[i]["id"]
+    env.close()
 
 
 def test_oracle_solves_tasks_through_the_rollout_engine():
@@ -217,8 +258,8 @@ def test_format_errors_get_a_hint_and_a_penalty(test_env):
         "Thought: hmm\nAction: google\nAction Input: weather": "unknown tool 'google'",
         "Thought: hmm\nAction: python\nAction Input: print(1)": "the tools are search, lookup and calculator",
     }
-    test_env.reset(options={"task_index": 0})
     for action, why in malformed.items():
+        test_env.reset(options={"task_index": 0})
         obs, reward, terminated, truncated, info = test_env.step(action)
         assert info["action_type"] == "invalid" and not terminated, action
         text = obs[0]["content"]
@@ -226,8 +267,6 @@ def test_format_errors_get_a_hint_and_a_penalty(test_env):
         assert "Final Answer:" in text and "Action Input:" in text  # the hint shows how to write a step
         assert info["reward_terms"] == zero_but(format_error=-0.1) and reward == pytest.approx(-0.1)
         assert check_invalid_step(obs, info) is None
-        if truncated:
-            test_env.reset(options={"task_index": 0})
     summary = play(test_env, ["gibberish", "Thought: ok\nFinal Answer: x"])[-1][4]["episode_summary"]
     assert summary["invalid_actions"] == 1 and summary["tool_calls"] == 0
 
@@ -240,8 +279,8 @@ def test_reward_weights_are_configurable():
     *_, info = env.step("Thought: guess\nFinal Answer: nobody")
     assert info["reward_terms"]["wrong_answer"] == pytest.approx(-0.3)
     tight = ReActEnv(split="test", few_tool_calls=0, many_tool_calls=0)
-    steps = play(tight, ["Thought: a\nAction: calculator\nAction Input: 1+1",
-                         f"Thought: b\nFinal Answer: {tight.get_task(0)['answers'][0]}"])
+    steps = play(tight, ["Thought: first\nAction: calculator\nAction Input: 1+1",
+                         f"Thought: second\nFinal Answer: {tight.get_task(0)['answers'][0]}"])
     assert steps[-1][4]["reward_terms"] == zero_but(correct=1.0, tool_overuse=-0.1, thought_quality=0.05)
 
 
@@ -295,7 +334,16 @@ def sentences_with(observation: str, keyword: str) -> list[str]:
     return out
 
 
-def test_lookup_steps_through_matching_sentences_of_the_last_search(test_env):
+@pytest.fixture
+def long_env() -> ReActEnv:
+    """Room for many lookups before the turn limit."""
+    env = ReActEnv(split="test", max_turns=20)
+    yield env
+    env.close()
+
+
+def test_lookup_steps_through_matching_sentences_of_the_last_search(long_env):
+    test_env = long_env
     task = test_env.get_task(0)
     country = task["hop_chain"][1]["entity"]   # a country: several sentences of its passages name it
     test_env.reset(options={"task_index": 0})
@@ -319,7 +367,8 @@ def test_lookup_steps_through_matching_sentences_of_the_last_search(test_env):
     assert obs[0]["content"].startswith(f"Observation: (Result 1 / {len(expected)}) ")
 
 
-def test_lookup_before_search_missing_keyword_and_new_search_reset(test_env):
+def test_lookup_before_search_missing_keyword_and_new_search_reset(long_env):
+    test_env = long_env
     task = test_env.get_task(0)
     test_env.reset(options={"task_index": 0})
     obs, reward, _, _, info = test_env.step(lookup("capital", "nothing yet"))

@@ -138,6 +138,15 @@ def test_output_cap(sandbox):
     assert r.output_truncated and len(r.stdout) == CAP
 
 
+def test_background_children_end_with_the_program(sandbox):
+    """A child that outlives the program (and holds its stdout) must not keep the run open."""
+    r = run_ok(sandbox, "import subprocess, sys\n"
+                        "subprocess.Popen([sys.executable, '-c', 'import time\\n"
+                        "while True: print(1, flush=True); time.sleep(0.2)'])\n"
+                        "print('parent done', flush=True)", time_limit_s=5)
+    assert r.stdout.startswith("parent done\n") and r.duration_s < 2.5, r
+
+
 def test_killed_by_signal_has_no_exit_code(sandbox):
     r = sandbox.run("import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
     assert r.exit_code is None and not r.timed_out and not r.oom

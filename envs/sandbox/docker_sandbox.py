@@ -3,6 +3,11 @@
 Each container is created ahead of time (so a run pays for one ``exec``, not a container
 start), serves exactly **one** program, and is then removed and replaced in the background:
 nothing a program leaves behind (files, processes, ``/dev/shm`` segments) can reach the next.
+Health checks: the first container of a sandbox proves the image can run us (``exec`` of
+``command -v bash timeout tar python3``); every container is inspected (must be running) when
+taken from the pool. Any docker failure during a run recycles the container and the run is
+retried once on a fresh one (see :meth:`Sandbox.run`). The price of single use: container
+churn (~0.5 s of daemon work each on a 2-core machine) bounds the rate at ~2 runs/s there.
 
 Lock-down of every container: no network (``network_mode="none"``), read-only root with
 private tmpfs mounts for ``/work`` and ``/tmp``, uid/gid 65534, all capabilities dropped,
@@ -12,9 +17,10 @@ every host process.
 
 How a job gets in: ``put_archive`` is refused for read-only roots ("container rootfs is marked
 read-only", verified on Docker 20.10), so the job travels as a tar stream on the ``exec``'s
-stdin: ``sh`` unpacks it into ``/work``, makes the stdin file the program's stdin, writes a
-one-byte ready marker, and execs ``timeout -s KILL <limit> python3 main.py``. The marker tells
-a program's own output apart from a failed setup. docker-py's ``exec_run`` has no timeout, so
+stdin: ``bash`` unpacks it into ``/work``, makes the stdin file the program's stdin, writes a
+ready marker, runs ``timeout -s KILL <limit> python3 main.py`` and then kills every process
+the program left behind (``kill -1``; the container's init is exempt). The marker tells a
+program's own output apart from a failed setup. docker-py's ``exec_run`` has no timeout, so
 we talk to the hijacked exec socket ourselves with a host-side deadline (limit + grace) as a
 second line of defence: a process that escapes ``timeout``'s process group and keeps stdout
 open cannot hang the caller.
@@ -286,11 +292,20 @@ class DockerSandbox(Sandbox):
         self.acquire_timeout_s = acquire_timeout_s
         self._client = client if client is not None else connect()
         require_image(self._client, image)
-        self._script = (
-            "cd /work && tar -xmf - 2>&1 || exit 1; "
-            f"exec 0<{STDIN_NAME} && rm -f {STDIN_NAME} && printf '\\036agentgym-ready\\036' && "
-            't=$1 && shift && exec timeout -s KILL "$t" '
-            + " ".join(shlex.quote(a) for a in (python, *PYTHON_FLAGS, PROGRAM_NAME)) + ' "$@"')
+        command = " ".join(shlex.quote(a) for a in (python, *PYTHON_FLAGS, PROGRAM_NAME))
+        self._script = "\n".join([
+            "cd /work && tar -xmf - 2>&1 || exit 1",
+            # the program's stdin; the shell's own stderr (its "Killed" notes) goes to
+            # /dev/null, the program's to the saved fd 3 (bash: dash ignores this for notes)
+            f"exec 0<{STDIN_NAME} 3>&2 2>/dev/null && rm -f {STDIN_NAME} || exit 1",
+            "printf '\\036agentgym-ready\\036'",
+            't=$1; shift',
+            f'timeout -s KILL "$t" {command} "$@" 2>&3 3>&-',
+            "s=$?",
+            # end whatever the program left running (as the local backends do), so a
+            # background child holding stdout cannot keep the run open
+            "kill -s KILL -- -1",
+            "exit $s"])
         self._image_checked = False
         self._reap_stale()
         self._pool = _ContainerPool(self._create_container, pool_size, memory_mb)
@@ -317,11 +332,11 @@ class DockerSandbox(Sandbox):
         try:
             container.start()
             if not self._image_checked:  # once per sandbox: the image has what we exec
-                check = container.exec_run(["sh", "-c", "command -v "
-                                            f"{shlex.quote(self.python)} timeout tar"])
+                check = container.exec_run(["sh", "-c", "command -v bash timeout tar "
+                                            f"{shlex.quote(self.python)}"])
                 if check.exit_code != 0:
-                    raise SandboxError(f"image {self.image!r} lacks {self.python}, "
-                                       f"timeout or tar")
+                    raise SandboxError(f"image {self.image!r} lacks one of bash, timeout, "
+                                       f"tar, {self.python}")
                 self._image_checked = True
         except BaseException:
             self._pool.remove(container)
@@ -369,7 +384,7 @@ class DockerSandbox(Sandbox):
         collector = OutputCollector(self.max_output_bytes)
         start = time.monotonic()
         exec_id = api.exec_create(
-            container.id, ["sh", "-c", self._script, "agentgym", f"{job.time_limit_s:.3f}",
+            container.id, ["bash", "-c", self._script, "agentgym", f"{job.time_limit_s:.3f}",
                            *job.argv], stdin=True, stdout=True, stderr=True)["Id"]
         response = api.exec_start(exec_id, socket=True)
         sock = _raw_socket(response)

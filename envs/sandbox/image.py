@@ -11,7 +11,7 @@ Two ways, because CI and many clusters cannot reach an image registry:
 * ``pull``: ``docker pull python:3.11-slim`` and tag it, where a registry is reachable.
 
 ``method="auto"``: a cached rootfs if there is one, else debootstrap when possible, else pull.
-The image needs ``python3``, ``sh``, ``tar`` and ``timeout`` and no user entry: containers
+The image needs ``python3``, ``bash``, ``tar`` and ``timeout`` and no user entry: containers
 run as uid 65534. Run as ``python -m agentgym.envs.sandbox.image`` (or this file directly:
 it imports nothing from agentgym, so setup scripts can call it before anything else works).
 """

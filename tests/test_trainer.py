@@ -1,0 +1,95 @@
+"""The trainer: typed configs, artifacts, and resume exactness after a real kill."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentgym.algorithms.trainer import TrainConfig
+from agentgym.config import ConfigError, load_config
+
+TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4",
+        "eval.episodes=2", "learner.total_steps=4", "learner.lr=1e-3", "learner.micro_batch_size=4",
+        "tensorboard=false", "env_kwargs={hard_fraction: 0.0, max_turns: 2}"]
+
+
+def _run(out: Path, *extra: str, resume: bool = False, wait_for: Path | None = None) -> subprocess.CompletedProcess | None:
+    cmd = [sys.executable, "-m", "agentgym.cli", "train", *TINY, f"output_dir={out}", *extra]
+    if resume:
+        cmd.insert(4, "--resume")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    if wait_for is None:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    deadline = time.monotonic() + 900
+    try:
+        while not wait_for.exists():
+            assert proc.poll() is None, "the run ended before writing the checkpoint it should be killed after"
+            assert time.monotonic() < deadline, "no checkpoint within 900 s"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # a real kill: no cleanup runs
+        proc.wait(timeout=60)
+    return None
+
+
+def _rows(out: Path) -> list[dict[str, str]]:
+    with (out / "train_log.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_config_defaults_yaml_and_overrides(tmp_path):
+    cfg = load_config(TrainConfig)
+    assert cfg.env == "Arithmetic-v0" and cfg.model == "smollm2" and cfg.algo == "grpo"
+    y = tmp_path / "run.yaml"
+    y.write_text("algo: ppo\nsteps: 3\nlearner:\n  lr: 2.0e-5\n  kl_coef: 0.001\n")
+    cfg = load_config(TrainConfig, y, ["learner.lr=3e-5", "sampling.temperature=0.7"])
+    assert (cfg.algo, cfg.steps, cfg.learner.lr, cfg.learner.kl_coef, cfg.sampling.temperature) == ("ppo", 3, 3e-5, 0.001, 0.7)
+    with pytest.raises(ConfigError, match="learner.lrr"):
+        load_config(TrainConfig, overrides=["learner.lrr=1"])
+    with pytest.raises(ConfigError, match="steps"):
+        load_config(TrainConfig, overrides=["steps=many"])
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(TrainConfig, tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="schedule"):
+        load_config(TrainConfig, overrides=["learner.schedule=zigzag"])
+
+
+def test_cli_reports_bad_config_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "agentgym.cli", "train", "learner.nope=1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert "unknown config key" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
+    full = tmp_path / "full"
+    r = _run(full, "steps=4", "checkpoint_every=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    for name in ("config.yaml", "train_log.csv", "curves.png", "eval_trajectories.html", "evals.json"):
+        assert (full / name).stat().st_size > 0, name
+    assert "success before" in r.stdout and "success after" in r.stdout
+
+    killed = tmp_path / "killed"
+    _run(killed, "steps=4", "checkpoint_every=2", wait_for=killed / "checkpoints" / "step_000002")
+    r = _run(killed, "steps=4", "checkpoint_every=2", resume=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stdout
+
+    a, b = _rows(full), _rows(killed)
+    assert [row["step"] for row in a] == [row["step"] for row in b] == ["1.0", "2.0", "3.0", "4.0"]
+    for ra, rb in zip(a, b):
+        for key in ("rollout/reward_mean", "rollout/generated_tokens", "train/loss", "train/grad_norm", "train/lr"):
+            assert float(ra[key]) == pytest.approx(float(rb[key]), rel=1e-5, abs=1e-7), (ra["step"], key)
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
+    r = _run(tmp_path / "none", "steps=1", resume=True)
+    assert r.returncode == 2 and "no checkpoint" in r.stderr
