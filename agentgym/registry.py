@@ -24,6 +24,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "ToolCall-v0": "agentgym.envs.toolcall:ToolCallEnv",
     "CodeExec-v0": "agentgym.envs.codeexec.env:CodeExecEnv",
     "Math-v0": "agentgym.envs.mathrl.env:MathEnv",
+    "ReAct-v0": "agentgym.envs.react:ReActEnv",
 }
 
 

@@ -375,6 +375,9 @@ class Host:
             time.sleep(0.1)
 
     def close(self) -> None:
+        for path in self.outside:  # all carry the token: only files this test made
+            Path(path).unlink(missing_ok=True)
+        self.listener.close()
         for p in (self.victim, self.victim_same_uid):
             if p.poll() is None:
                 p.kill()
@@ -384,10 +387,6 @@ class Host:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:  # e.g. a container process going away by itself
                 pass
-        for path in self.outside:  # all carry the token: only files this test made
-            Path(path).unlink(missing_ok=True)
-        self.marker.unlink(missing_ok=True)
-        self.listener.close()
 
 
 def describe(pids: list[int]) -> str:
