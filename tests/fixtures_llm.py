@@ -20,7 +20,7 @@ from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import Generation, SamplingParams
 from agentgym.trajectory import Trajectory, check_trajectory
 
-__all__ = ["ENV_IDS", "COVERAGE_ENV", "STYLES", "UNICODE_ACTIONS", "tok", "one_torch_thread", "cached_tokenizer",
+__all__ = ["ENV_IDS", "COVERAGE_ENV", "STYLES", "UNICODE_ACTIONS", "tok", "one_torch_thread", "single_threaded_math", "cached_tokenizer",
            "tiny_policy", "eos_prone_policy", "RecordingPolicy", "split_messages", "assert_faithful",
            "assert_snapshots_are_prefixes"]
 
@@ -220,3 +220,18 @@ def assert_snapshots_are_prefixes(prompts: Sequence[Sequence[int]], gens: Sequen
         nxt = list(prompts[k + 1]) if k + 1 < len(prompts) else list(final_ids)
         assert nxt[: len(head)] == head, f"turn {k}: earlier ids changed"
         assert len(nxt) >= len(head)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_threaded_math():
+    """One torch and one faiss thread for a module (retrieval tests). On a shared 2-core runner
+    OpenMP spin-waiting makes one-query encodes ~5-6x slower with 2 threads (measured); results do
+    not depend on the thread count. Restored afterwards."""
+    import faiss
+
+    torch_threads, faiss_threads = torch.get_num_threads(), faiss.omp_get_max_threads()
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    yield
+    torch.set_num_threads(torch_threads)
+    faiss.omp_set_num_threads(faiss_threads)

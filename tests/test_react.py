@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 import pytest
+from fixtures_llm import single_threaded_math  # noqa: F401  (autouse: one torch/faiss thread)
 from gymnasium.utils.env_checker import check_env
 
 import agentgym
@@ -26,21 +27,6 @@ if ENV_ID not in gym.registry:  # until the built-in table lists it; harmless af
 
 TERMS = set(DEFAULT_WEIGHTS)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def single_threaded_math():
-    """One torch/faiss thread here: on a shared 2-core runner OpenMP spin-waiting makes each
-    one-query encode ~6x slower with 2 threads (measured: 180 vs 30 ms); results do not depend
-    on it. Restored afterwards."""
-    import faiss
-    import torch
-
-    torch_threads, faiss_threads = torch.get_num_threads(), faiss.omp_get_max_threads()
-    torch.set_num_threads(1)
-    faiss.omp_set_num_threads(1)
-    yield
-    torch.set_num_threads(torch_threads)
-    faiss.omp_set_num_threads(faiss_threads)
 
 
 @pytest.fixture(scope="module")

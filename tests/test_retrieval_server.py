@@ -9,6 +9,7 @@ import time
 import httpx
 import numpy as np
 import pytest
+from fixtures_llm import single_threaded_math  # noqa: F401  (autouse: one torch/faiss thread)
 
 from agentgym.envs.retrieval import (
     BackgroundServer,
@@ -24,19 +25,6 @@ from agentgym.envs.retrieval import (
 N_DOCS = 100
 MAX_TOPK, MAX_QUERIES = 20, 32
 
-
-@pytest.fixture(scope="module", autouse=True)
-def single_threaded_math():
-    """One torch/faiss thread (2 shared cores; see test_retrievers.py), restored afterwards."""
-    import faiss
-    import torch
-
-    torch_threads, faiss_threads = torch.get_num_threads(), faiss.omp_get_max_threads()
-    torch.set_num_threads(1)
-    faiss.omp_set_num_threads(1)
-    yield
-    torch.set_num_threads(torch_threads)
-    faiss.omp_set_num_threads(faiss_threads)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures_llm import single_threaded_math  # noqa: F401  (autouse: one torch/faiss thread)
 
 from agentgym.envs.retrieval import (
     BM25Retriever,
@@ -25,21 +26,6 @@ from agentgym.envs.retrieval.dense import default_prefixes, resolve_model, share
 
 N_DOCS = 200
 
-
-@pytest.fixture(scope="module", autouse=True)
-def single_threaded_math():
-    """One torch/faiss thread while these tests run. The machine has 2 cores shared with other
-    jobs; OpenMP's spinning threads then make tiny encodes ~5x slower (measured), and the results
-    do not depend on the thread count. Restored afterwards for the rest of the session."""
-    import faiss
-    import torch
-
-    torch_threads, faiss_threads = torch.get_num_threads(), faiss.omp_get_max_threads()
-    torch.set_num_threads(1)
-    faiss.omp_set_num_threads(1)
-    yield
-    torch.set_num_threads(torch_threads)
-    faiss.omp_set_num_threads(faiss_threads)
 
 
 @pytest.fixture(scope="module")

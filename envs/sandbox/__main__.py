@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Sequence
 
-from .image import DEFAULT_IMAGE, ImageBuildError, build_image, image_exists
+from .image import DEFAULT_IMAGE, build_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,15 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .selection import available_backends
         print(json.dumps(available_backends(a.image), indent=2))
         return 0
-    try:
-        if a.if_missing and image_exists(a.tag):
-            print(f"[image] {a.tag} already present")
-            return 0
-        build_image(a.tag, a.method, rebuild_rootfs=a.rebuild_rootfs)
-    except ImageBuildError as e:
-        print(f"[image] error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return build_command(a.tag, a.method, if_missing=a.if_missing, rebuild_rootfs=a.rebuild_rootfs)
 
 
 if __name__ == "__main__":

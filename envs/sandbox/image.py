@@ -190,6 +190,20 @@ def build_image(tag: str = DEFAULT_IMAGE, method: Method = "auto", *,
     raise ImageBuildError("could not build the sandbox image: " + "; ".join(errors))
 
 
+def build_command(tag: str, method: str, *, if_missing: bool, rebuild_rootfs: bool) -> int:
+    """The ``build-image`` command's body (exit code), shared by this module's ``main`` and
+    ``python -m agentgym.envs.sandbox``."""
+    try:
+        if if_missing and image_exists(tag):
+            print(f"[image] {tag} already present")
+            return 0
+        build_image(tag, method, rebuild_rootfs=rebuild_rootfs)
+    except ImageBuildError as e:
+        print(f"[image] error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tag", default=DEFAULT_IMAGE)
@@ -197,15 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--if-missing", action="store_true", help="do nothing if the image exists")
     p.add_argument("--rebuild-rootfs", action="store_true", help="ignore the cached rootfs")
     a = p.parse_args(argv)
-    try:
-        if a.if_missing and image_exists(a.tag):
-            print(f"[image] {a.tag} already present")
-            return 0
-        build_image(a.tag, a.method, rebuild_rootfs=a.rebuild_rootfs)
-    except ImageBuildError as e:
-        print(f"[image] error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return build_command(a.tag, a.method, if_missing=a.if_missing, rebuild_rootfs=a.rebuild_rootfs)
 
 
 if __name__ == "__main__":
