@@ -142,6 +142,7 @@ def test_background_children_end_with_the_program(sandbox):
     """A child that outlives the program (and holds its stdout) must not keep the run open."""
     r = run_ok(sandbox, "import subprocess, sys\n"
                         "subprocess.Popen([sys.executable, '-c', 'import time\\n"
+                        "time.sleep(0.5)\\n"
                         "while True: print(1, flush=True); time.sleep(0.2)'])\n"
                         "print('parent done', flush=True)", time_limit_s=5)
     assert r.stdout.startswith("parent done\n") and r.duration_s < 2.5, r
