@@ -116,9 +116,10 @@ def load_policy(spec: str, env_id: str | None = None, *, device: str | None = No
     """Policy from a CLI spec.
 
     ``smollm2`` (default; PyPI-shipped SmolLM2-135M-Instruct) · a local model directory, ``.gguf``
-    file or hub id · ``tiny-random`` (2-layer random Llama, for smoke tests) · ``oracle`` (the env's
-    scripted reference policy, using privileged task info) · ``openai:MODEL@BASE_URL`` (a hosted
-    OpenAI-compatible chat endpoint; evaluation only).
+    file or hub id · what agentgym writes: a ``train`` run or checkpoint directory, an ``sft`` / ``dpo``
+    output directory (see :mod:`agentgym.algorithms.checkpoints`) · ``tiny-random`` (2-layer random
+    Llama, for smoke tests) · ``oracle`` (the env's scripted reference policy, using privileged task
+    info) · ``openai:MODEL@BASE_URL`` (a hosted OpenAI-compatible chat endpoint; evaluation only).
     """
     if spec.startswith("openai:"):
         from agentgym.policies.openai_policy import OpenAIChatPolicy
@@ -126,9 +127,9 @@ def load_policy(spec: str, env_id: str | None = None, *, device: str | None = No
         if not sep or not model or not url:
             raise SystemExit("error: use --policy openai:MODEL@BASE_URL (e.g. openai:qwen@http://127.0.0.1:8000/v1)")
         return OpenAIChatPolicy(base_url=url, model=model)
+    from agentgym.algorithms.checkpoints import load_trained_policy
     from agentgym.policies.models import load_tokenizer
     from agentgym.policies.scripted import ScriptedPolicy
-    from agentgym.policies.transformers_policy import TransformersPolicy
     if spec == "oracle":
         import agentgym
         if env_id is None:
@@ -139,70 +140,86 @@ def load_policy(spec: str, env_id: str | None = None, *, device: str | None = No
         if oracle is None:
             raise SystemExit(f"error: {env_id} defines no oracle")
         return ScriptedPolicy(load_tokenizer(), oracle)
-    if spec == "tiny-random":
-        return TransformersPolicy.tiny_random()
     try:
-        return TransformersPolicy.from_pretrained(spec, device=device)
+        return load_trained_policy(spec, device=device)  # also tiny-random, run / checkpoint / output dirs
     except FileNotFoundError as e:
         raise SystemExit(f"error: {e}") from None
 
 
-def _print_metrics(metrics: dict[str, float], title: str) -> None:
+def _print_metrics(metrics: dict[str, float], title: str, std: dict[str, float] | None = None) -> None:
+    """A table of metrics; with ``std`` (spread over episodes) a mean and a std column."""
     from rich.console import Console
     from rich.table import Table
     table = Table(title=title)
     table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("value" if std is None else "mean", justify="right")
+    if std is not None:
+        table.add_column("std", justify="right")
     for k, v in metrics.items():
-        table.add_row(k, f"{v:.4g}")
+        row = [k, f"{v:.4g}"] + ([] if std is None else [f"{std[k]:.4g}" if k in std else ""])
+        table.add_row(*row)
     Console().print(table)
+
+
+#: ``agentgym eval`` flags that set the EvalRunConfig field of the same name (only when given).
+_EVAL_FLAGS = ("policy", "split", "episodes", "group_size", "batch_size", "first_task", "seed", "max_new_tokens",
+               "temperature", "top_p", "greedy", "style", "max_obs_tokens", "max_context_tokens", "device",
+               "debug_checks", "html", "json")
+
+
+def _eval_config(args: argparse.Namespace) -> Any:
+    """Defaults < ``--config`` file < flags and ``-e`` env kwargs < ``key=value`` overrides.
+
+    Flags travel as JSON-encoded overrides, so they get the config's type checks and a string such
+    as ``--policy yes`` stays a string."""
+    from agentgym.config import ConfigError, load_config
+    from agentgym.evaluation import EvalRunConfig
+    overrides = list(args.overrides or [])
+    env_id = args.env_id
+    if env_id is not None and "=" in env_id:  # no env id given: the first positional is an override
+        overrides.insert(0, env_id)
+        env_id = None
+    pre = [f"env={json.dumps(env_id)}"] if env_id else []
+    pre += [f"{k}={json.dumps(getattr(args, k))}" for k in _EVAL_FLAGS if hasattr(args, k)]
+    pre += [f"env_kwargs.{k}={json.dumps(v)}" for k, v in _parse_kv(getattr(args, "env_kwarg", None)).items()]
+    cfg = load_config(EvalRunConfig, args.config, pre + overrides)
+    if not cfg.env:
+        raise ConfigError("no env to evaluate: give ENV_ID or env=... (in the config or as an override)")
+    return cfg
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     import agentgym
-    from agentgym.policy import SamplingParams
+    from agentgym.config import to_dict
+    from agentgym.evaluation import evaluate
     from agentgym.registry import full_id
-    from agentgym.rollout import RolloutConfig, RolloutEngine, summarize
-    env_id = full_id(args.env_id)
+    from agentgym.rollout import summarize
+    cfg = _eval_config(args)
+    env_id = full_id(cfg.env)
     if env_id not in agentgym.list_envs():
         raise SystemExit(f"error: no env {env_id!r}; registered: {', '.join(agentgym.list_envs())}")
-    policy = load_policy(args.policy, env_id, device=args.device)
-    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              top_p=args.top_p, greedy=args.greedy, seed=args.seed)
-    engine = RolloutEngine(policy, RolloutConfig(sampling=sampling, style=args.style,
-                                                 max_obs_tokens=args.max_obs_tokens,
-                                                 max_context_tokens=args.max_context_tokens,
-                                                 debug_checks=args.debug_checks))
-    env_kwargs = _parse_kv(args.env_kwarg)
-    trajectories, timing = [], {}
-    total = args.episodes * args.group_size
-    groups_per_call = max(1, args.batch_size // args.group_size)
-    with tqdm(total=total, desc=f"eval {env_id}", unit="ep") as bar:
-        for start in range(0, args.episodes, groups_per_call):
-            k = min(groups_per_call, args.episodes - start)
-            indices = [args.first_task + start + i for i in range(k)] if args.first_task is not None else None
-            batch = engine.collect(env_id, num_groups=k, group_size=args.group_size, task_indices=indices,
-                                   seed=args.seed + start, env_kwargs=env_kwargs)
-            trajectories.extend(batch.trajectories)
-            for key, v in batch.metrics.items():
-                if key.startswith("time/") and key.endswith("_s"):
-                    timing[key] = timing.get(key, 0.0) + v
-            bar.update(len(batch.trajectories))
-            bar.set_postfix(success=f"{summarize(trajectories)['success_rate']:.2f}")
-    engine.close()
-    metrics = {**summarize(trajectories), **timing}
-    _print_metrics(metrics, f"{env_id} · policy {args.policy} · {len(trajectories)} episodes")
-    if args.json:
+    policy = load_policy(cfg.policy, env_id, device=cfg.device)
+    with tqdm(total=cfg.episodes * cfg.group_size, desc=f"eval {env_id}", unit="ep") as bar:
+        def progress(n: int, so_far: list[Any]) -> None:
+            bar.update(n)
+            bar.set_postfix(success=f"{summarize(so_far)['success_rate']:.2f}")
+        result = evaluate(policy, cfg, env_id, progress=progress)
+    split = result.env_kwargs.get("split", "-")
+    title = f"{env_id} (split {split}) · policy {cfg.policy} · {len(result.trajectories)} episodes"
+    _print_metrics(result.metrics, title, std=result.std)
+    if cfg.json:
         from pathlib import Path
-        Path(args.json).write_text(json.dumps({"env": env_id, "policy": args.policy, "metrics": metrics,
-                                               "trajectories": [t.to_dict() for t in trajectories]}, indent=1))
-        print(f"wrote {args.json}")
-    if args.html:
+        Path(cfg.json).write_text(json.dumps({
+            "env": env_id, "policy": cfg.policy, "config": to_dict(cfg), "env_kwargs": result.env_kwargs,
+            "metrics": result.metrics, "metrics_std": result.std,
+            "trajectories": [t.to_dict() for t in result.trajectories]}, indent=1))
+        print(f"wrote {cfg.json}")
+    if cfg.html:
         from agentgym.report import write_html_report
-        path = write_html_report(args.html, trajectories, tokenizer=getattr(policy, "tokenizer", None),
-                                 metrics=metrics, title=f"{env_id} · {args.policy}")
+        path = write_html_report(cfg.html, result.trajectories, tokenizer=getattr(policy, "tokenizer", None),
+                                 metrics=result.metrics, title=f"{env_id} · {cfg.policy}")
         print(f"wrote {path}")
     return 0
 
@@ -220,6 +237,59 @@ def cmd_train(args: argparse.Namespace) -> int:
                    f"greedy eval on {cfg.eval.episodes} held-out tasks")
     print(f"wrote {cfg.output_dir}/curves.png, train_log.csv, eval_trajectories.html, config.yaml")
     return 0
+
+
+def _int_list(text: str, what: str) -> int | list[int]:
+    """``"3"`` → 3; ``"0,5"`` → [0, 5] (a comma makes it a list); a one-line error otherwise."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()] if "," in text else int(text)
+    except ValueError:
+        raise ValueError(f"{what} must be an integer or a comma-separated list of integers, got {text!r}") from None
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from agentgym.algorithms.compare import compare
+    steps = _int_list(args.steps, "--steps")
+    if not isinstance(steps, int):
+        raise ValueError(f"--steps must be one integer, got {args.steps!r}")
+    result = compare(args.algos, _int_list(args.seeds, "--seeds"), steps, env=args.env, config=args.config,
+                     overrides=args.overrides, out_dir=args.out, keep_checkpoints=args.keep_checkpoints,
+                     resume=args.resume, threshold=args.threshold)
+    from pathlib import Path
+    print(Path(result["paths"]["md"]).read_text())
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from agentgym.algorithms.sft import SFTRunConfig, run_sft
+    from agentgym.config import load_config
+    cfg = load_config(SFTRunConfig, args.config, args.overrides)
+    print(f"[sft] {cfg.model} on {cfg.env} episodes from {cfg.data.source} -> {cfg.output_dir}")
+    r = run_sft(cfg)
+    _print_metrics({"episodes": r["episodes"], "kept (successful)": r["kept"], "steps": r["steps"],
+                    "loss first": r["loss_first"], "loss last": r["loss_last"]}, "SFT")
+    print(f"wrote {r['model_dir']} (use it as model=... / --policy ...), config.yaml, train_log.csv, data_summary.json")
+    return 0
+
+
+def cmd_dpo(args: argparse.Namespace) -> int:
+    from agentgym.algorithms.dpo import DPORunConfig, run_dpo
+    from agentgym.config import load_config
+    cfg = load_config(DPORunConfig, args.config, args.overrides)
+    print(f"[dpo] {cfg.model} on {cfg.env}: {cfg.data.samples_per_task} samples x {cfg.data.episodes} tasks, "
+          f"loss {cfg.loss_type}, beta {cfg.beta} -> {cfg.output_dir}")
+    r = run_dpo(cfg)
+    _print_metrics({"episodes": r["episodes"], "pairs": r["pairs"], "mean reward gap": r["mean_reward_gap"],
+                    "steps": r["steps"], "loss first": r["loss_first"], "loss last": r["loss_last"],
+                    "reward accuracy (last)": r["reward_accuracy_last"]}, "DPO")
+    print(f"wrote {r['model_dir']} (use it as model=... / --policy ...), config.yaml, train_log.csv, data_summary.json")
+    return 0
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    """``agentgym sandbox ...``: the sandbox package owns its sub-commands (also ``python -m agentgym.envs.sandbox``)."""
+    from agentgym.envs.sandbox.__main__ import main as sandbox_main
+    return sandbox_main(args.sandbox_args)
 
 
 def cmd_retriever_build(args: argparse.Namespace) -> int:
@@ -282,26 +352,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("eval", help="run episodes with a policy and report metrics")
-    p.add_argument("env_id")
-    p.add_argument("--policy", default="smollm2", help="smollm2 | MODEL_DIR | FILE.gguf | HUB_ID | tiny-random | oracle | openai:MODEL@URL")
-    p.add_argument("--episodes", type=int, default=16, help="number of tasks (groups)")
-    p.add_argument("--group-size", type=int, default=1, help="episodes per task")
-    p.add_argument("--batch-size", type=int, default=16, help="episodes collected together (one generate call per turn)")
-    p.add_argument("--first-task", type=int, default=None, help="evaluate tasks first-task, first-task+1, … (default: seeded random)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--greedy", action="store_true")
-    p.add_argument("--style", choices=["chat", "continuation"], default=None, help="default: the env's")
-    p.add_argument("--max-obs-tokens", type=int, default=512)
-    p.add_argument("--max-context-tokens", type=int, default=4096)
-    p.add_argument("--device", default=None)
-    p.add_argument("--debug-checks", action="store_true", help="assert token-faithfulness invariants")
-    p.add_argument("--html", default=None, metavar="FILE", help="write the HTML trajectory report")
-    p.add_argument("--json", default=None, metavar="FILE", help="write metrics and trajectories as JSON")
+    p = sub.add_parser("eval", help="evaluate a policy or checkpoint on an env's held-out tasks (mean and std)",
+                       description="Flags set EvalRunConfig fields; --config FILE and KEY=VALUE overrides work as in "
+                                   "`agentgym train` (defaults < file < flags < overrides).")
+    S = argparse.SUPPRESS  # flags only count when given, so a --config file's values stand otherwise
+    p.add_argument("env_id", nargs="?", default=None, help="env id (or env=... in the config)")
+    p.add_argument("--config", default=None, help="YAML file with EvalRunConfig fields")
+    p.add_argument("--policy", default=S, help="smollm2 (default) | MODEL_DIR | RUN_DIR (train/sft/dpo output) | "
+                                              "FILE.gguf | HUB_ID | tiny-random | oracle | openai:MODEL@URL")
+    p.add_argument("--split", default=S, help="env split (default test, for envs that take one); 'null' for none")
+    p.add_argument("--episodes", type=int, default=S, help="number of tasks (groups); default 16")
+    p.add_argument("--group-size", type=int, default=S, help="episodes per task")
+    p.add_argument("--batch-size", type=int, default=S, help="episodes collected together (one generate call per turn)")
+    p.add_argument("--first-task", type=int, default=S, help="evaluate tasks first-task, first-task+1, … (default: seeded random)")
+    p.add_argument("--seed", type=int, default=S)
+    p.add_argument("--max-new-tokens", type=int, default=S)
+    p.add_argument("--temperature", type=float, default=S)
+    p.add_argument("--top-p", type=float, default=S)
+    p.add_argument("--greedy", action="store_true", default=S)
+    p.add_argument("--style", choices=["chat", "continuation"], default=S, help="default: the env's")
+    p.add_argument("--max-obs-tokens", type=int, default=S)
+    p.add_argument("--max-context-tokens", type=int, default=S)
+    p.add_argument("--device", default=S)
+    p.add_argument("--debug-checks", action="store_true", default=S, help="assert token-faithfulness invariants")
+    p.add_argument("--html", default=S, metavar="FILE", help="write the HTML trajectory report")
+    p.add_argument("--json", default=S, metavar="FILE", help="write config, metrics (mean, std) and trajectories as JSON")
     p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="EvalRunConfig overrides, e.g. episodes=32")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("retriever", help="build, serve and prepare data for search retrieval")
@@ -335,18 +412,56 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--limit", type=int, default=None, help="rows per dataset (smoke runs)")
     q.set_defaults(func=cmd_retriever_prep)
 
+    p = sub.add_parser("sandbox", help="code sandboxes: build-image (docker, offline), status (which backends work)",
+                       add_help=False)
+    p.add_argument("sandbox_args", nargs=argparse.REMAINDER, metavar="build-image|status ...")
+    p.set_defaults(func=cmd_sandbox)
+
     p = sub.add_parser("train", help="train a policy with REINFORCE / PPO / GRPO (defaults: a short CPU run)")
     p.add_argument("--config", default=None, help="YAML file with TrainConfig fields")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in output_dir")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. algo=ppo learner.lr=1e-5 steps=20")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("sft", help="SFT warm-up on successful episodes (oracle by default) with trl.SFTTrainer")
+    p.add_argument("--config", default=None, help="YAML file with SFTRunConfig fields")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. model=smollm2 data.episodes=128 optim.lr=1e-5")
+    p.set_defaults(func=cmd_sft)
+
+    p = sub.add_parser("dpo", help="DPO on best-vs-worst sampled episodes per task with trl.DPOTrainer")
+    p.add_argument("--config", default=None, help="YAML file with DPORunConfig fields")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. model=runs/sft beta=0.1 loss_type=sigmoid")
+    p.set_defaults(func=cmd_dpo)
+
+    p = sub.add_parser("compare", help="compare learners (or variants of one) on one env: same tasks, seeds, budget")
+    p.add_argument("--env", default=None, help="env id (default: the config's, Arithmetic-v0)")
+    p.add_argument("--algos", default="reinforce,ppo,grpo",
+                   help="comma-separated ALGO[:key=value[:key=value]] (reinforce, ppo, grpo, trl-grpo), "
+                        "e.g. grpo,grpo:mask_env_tokens=false")
+    p.add_argument("--seeds", default="2", help="number of seeds (from the config's seed), or a list like 0,3")
+    p.add_argument("--steps", default="4", help="training steps per run")
+    p.add_argument("--config", default=None, help="YAML file with TrainConfig fields (shared by all runs)")
+    p.add_argument("--out", default="runs/compare", help="output directory (one subdirectory per run)")
+    p.add_argument("--threshold", type=float, default=0.8, help="fraction for the episodes-to-threshold metric")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
+    p.add_argument("--resume", action="store_true", help="reuse finished runs whose resolved config is unchanged")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="TrainConfig overrides for every run")
+    p.set_defaults(func=cmd_compare)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     import gymnasium as gym
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # argparse stops filling a positional list at the first flag: `eval ENV --greedy episodes=8`
+    # leaves `episodes=8` over; KEY=VALUE leftovers of a command that takes overrides join them.
+    if getattr(args, "func", None) is cmd_sandbox:  # the sandbox package parses its own arguments
+        args.sandbox_args = list(args.sandbox_args) + extra
+    elif extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = list(args.overrides or []) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         _load_plugins(args.imports)
     except ImportError as e:

@@ -124,9 +124,15 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
-    """Defaults of ``cls``, updated by the YAML file at ``path``, then by ``overrides``."""
+    """Defaults of ``cls``, updated by the YAML file at ``path``, then by ``overrides``.
+
+    Mappings in the file merge into the defaults key by key, except that a field whose metadata says
+    ``{"defaults_belong_to": NAME}`` starts empty when the file or an override changes field ``NAME``:
+    ``TrainConfig.env_kwargs`` holds the default env's arguments, which another env would reject.
+    """
     import yaml
     data = to_dict(cls())
+    loaded: dict[str, Any] = {}
     if path is not None:
         try:
             loaded = yaml.safe_load(Path(path).read_text()) or {}
@@ -136,9 +142,25 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
             raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
-        data = _merge(data, loaded)
+    _drop_foreign_defaults(cls, data, loaded, overrides)
+    data = _merge(data, loaded)
     data = apply_overrides(data, overrides)
     return from_dict(cls, data)
+
+
+def _drop_foreign_defaults(cls: type, data: dict[str, Any], loaded: Mapping[str, Any], overrides: Sequence[str]) -> None:
+    """Empty (in place) the default of each field whose defaults belong to a field the user changed."""
+    for f in dataclasses.fields(cls):
+        owner = f.metadata.get("defaults_belong_to")
+        if owner is None:
+            continue
+        chosen = loaded.get(owner, data.get(owner))
+        for o in overrides:
+            key, sep, raw = o.partition("=")
+            if sep and key.strip() == owner:
+                chosen = _parse_value(raw)
+        if chosen != data.get(owner):
+            data[f.name] = type(data[f.name])() if isinstance(data[f.name], (dict, list)) else None
 
 
 def _merge(base: dict[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

@@ -43,6 +43,12 @@ class Transition:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+def _copy_messages(messages: Sequence[Message]) -> list[Message]:
+    """What ``copy.deepcopy`` gives for chat messages (string values are immutable and shared), at a
+    fraction of its cost; non-string values are still deep-copied."""
+    return [{k: v if isinstance(v, str) else copy.deepcopy(v) for k, v in m.items()} for m in messages]
+
+
 class AgentEnv(gym.Env[list, str]):
     """Base class for text environments (see ``ARCHITECTURE.md``: Environment contract).
 
@@ -168,7 +174,7 @@ class AgentEnv(gym.Env[list, str]):
         self._done = False
         self.on_reset(self.task)
         obs = self.initial_messages(self.task)
-        self.messages = copy.deepcopy(obs)
+        self.messages = _copy_messages(obs)
         return obs, {"task_index": self.task_index, "turn": 0, "privileged": {"task": copy.deepcopy(self.task)}}
 
     def step(self, action: str):
@@ -197,7 +203,7 @@ class AgentEnv(gym.Env[list, str]):
             self._term_totals[k] = self._term_totals.get(k, 0.0) + v
         self._return += reward
         self.messages.append({"role": "assistant", "content": action})
-        self.messages.extend(copy.deepcopy(tr.messages))
+        self.messages.extend(_copy_messages(tr.messages))
         info.update(reward_terms=terms, raw_reward_terms=raw_terms, action_type=tr.action_type, turn=self.turn)
         if done:
             self._done = True

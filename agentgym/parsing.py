@@ -6,6 +6,7 @@ never raises on model output: an env turns the error into an observation and a p
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -35,10 +36,17 @@ def _tag_alternation(tags: Sequence[str]) -> str:
     return "|".join(re.escape(t) for t in tags)
 
 
+@functools.lru_cache(maxsize=512)
+def _tag_regex(template: str, tags: tuple[str, ...], flags: int = 0) -> re.Pattern[str]:
+    """``template`` with ``@`` replaced by the escaped alternation of ``tags``, compiled once (envs
+    parse every action with the same few tag sets)."""
+    return re.compile(template.replace("@", _tag_alternation(tags)), flags)
+
+
 def first_tag(text: str, tags: Sequence[str] = ("search", "answer")) -> TagMatch | None:
     """The first *complete* ``<tag>...</tag>`` among ``tags`` (Search-R1 rule: the first match of
     ``<(search|answer)>(.*?)</\\1>`` decides the action). Content is stripped."""
-    m = re.search(rf"<({_tag_alternation(tags)})>(.*?)</\1>", text, flags=re.DOTALL)
+    m = _tag_regex(r"<(@)>(.*?)</\1>", tuple(tags), re.DOTALL).search(text)
     if m is None:
         return None
     return TagMatch(m.group(1), m.group(2).strip(), m.start(), m.end())
@@ -46,7 +54,7 @@ def first_tag(text: str, tags: Sequence[str] = ("search", "answer")) -> TagMatch
 
 def all_tag_contents(text: str, tag: str) -> list[str]:
     """Contents (stripped) of every complete ``<tag>...</tag>`` in order."""
-    return [c.strip() for c in re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)]
+    return [c.strip() for c in _tag_regex(r"<@>(.*?)</@>", (tag,), re.DOTALL).findall(text)]
 
 
 def last_tag_content(text: str, tag: str) -> str | None:
@@ -58,7 +66,7 @@ def last_tag_content(text: str, tag: str) -> str | None:
 def tag_format_errors(text: str, tags: Sequence[str]) -> list[str]:
     """Problems with tag markup: unbalanced or nested open/close tags. Empty list = well-formed."""
     errors: list[str] = []
-    token = re.compile(rf"<(/?)({_tag_alternation(tags)})>")
+    token = _tag_regex(r"<(/?)(@)>", tuple(tags))
     open_tag: str | None = None
     for m in token.finditer(text):
         closing, name = m.group(1) == "/", m.group(2)

@@ -7,6 +7,8 @@ from agentgym.algorithms.learners import (LEARNERS, GRPOLearner, Learner, Learne
                                           ReinforceLearner, ValueModel, lr_factor, make_learner)
 from agentgym.algorithms.losses import (LossSettings, aggregate, clipped_surrogate, clipped_value_loss, kl_penalty,
                                         ppo_objective, reinforce_surrogate, token_logprobs)
+# TRL's GRPOTrainer on agentgym envs; trl itself is imported only when these are used
+from agentgym.algorithms.trl_adapter import EnvRollout, episode_reward, make_task_dataset, train_with_trl
 
 __all__ = [
     "discounted_returns", "broadcast_to_tokens", "NoBaseline", "BatchMeanBaseline", "MovingAverageBaseline",
@@ -16,4 +18,5 @@ __all__ = [
     "Batch", "collate",
     "LearnerConfig", "LoraSettings", "Learner", "ReinforceLearner", "PPOLearner", "GRPOLearner", "ValueModel",
     "LEARNERS", "make_learner", "lr_factor",
+    "EnvRollout", "episode_reward", "make_task_dataset", "train_with_trl",
 ]

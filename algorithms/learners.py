@@ -86,7 +86,9 @@ class LearnerConfig:
 
     PPO critic: ``critic="head"`` (a linear head on the policy's last hidden state, attached as
     ``policy.value_head``) or ``"model"`` (a separate copy of the network with its own head);
-    ``critic_lr`` (None = ``lr``), ``value_coef``, ``value_clip_eps`` (None = no clipping).
+    ``critic_lr`` (None = ``lr``), ``critic_warmup_ratio`` (the critic's own warmup share of
+    ``total_steps``; None = the actor's warmup; Search-R1: 0.015 against the actor's 0.285),
+    ``value_coef``, ``value_clip_eps`` (None = no clipping).
 
     System: ``lora`` (None = full fine-tuning), ``gradient_checkpointing``, ``bf16`` (autocast on
     CUDA; CPU always runs fp32), ``seed`` (minibatch shuffling).
@@ -121,6 +123,7 @@ class LearnerConfig:
     mask_env_tokens: bool = True
     critic: str = "head"
     critic_lr: float | None = None
+    critic_warmup_ratio: float | None = None
     value_coef: float = 0.5
     value_clip_eps: float | None = 0.2
     lora: LoraSettings | None = None
@@ -141,6 +144,8 @@ class LearnerConfig:
             raise ValueError(f"minibatch_size must be >= 1 or None, got {self.minibatch_size}")
         if self.lr < 0 or self.temperature <= 0 or not 0 <= self.warmup_ratio <= 1:
             raise ValueError("lr must be >= 0, temperature > 0 and warmup_ratio in [0, 1]")
+        if self.critic_warmup_ratio is not None and not 0 <= self.critic_warmup_ratio <= 1:
+            raise ValueError(f"critic_warmup_ratio must be in [0, 1] or None, got {self.critic_warmup_ratio}")
         self.betas = tuple(float(b) for b in self.betas)  # YAML gives a list
         if isinstance(self.lora, Mapping):
             self.lora = LoraSettings(**self.lora)
@@ -227,9 +232,13 @@ class Learner:
                                            weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_ratio * (cfg.total_steps or 0))
         self.warmup_steps = int(warmup)
+        self.critic_warmup_steps = (self.warmup_steps if cfg.critic_warmup_ratio is None
+                                    else int(round(cfg.critic_warmup_ratio * (cfg.total_steps or 0))))
+        factors = {role: functools.partial(lr_factor, warmup_steps=steps, total_steps=cfg.total_steps,
+                                           schedule=cfg.schedule)
+                   for role, steps in (("policy", self.warmup_steps), ("critic", self.critic_warmup_steps))}
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, functools.partial(lr_factor, warmup_steps=self.warmup_steps,
-                                              total_steps=cfg.total_steps, schedule=cfg.schedule))
+            self.optimizer, [factors[g["role"]] for g in self.optimizer.param_groups])
         self.step = 0
 
     # ------------------------------------------------------------------ subclass API
@@ -324,10 +333,13 @@ class Learner:
     def _param_groups(self) -> list[dict[str, Any]]:
         cfg = self.config
         groups = []
-        for params, lr in ((self.policy_parameters(), cfg.lr), (self.critic_parameters(), cfg.critic_lr or cfg.lr)):
+        for role, params, lr in (("policy", self.policy_parameters(), cfg.lr),
+                                 ("critic", self.critic_parameters(), cfg.critic_lr or cfg.lr)):
             decay = [p for p in params if p.ndim >= 2]
             no_decay = [p for p in params if p.ndim < 2]
-            groups += [{"params": decay, "lr": lr}, {"params": no_decay, "lr": lr, "weight_decay": 0.0}]
+            # "role" picks the group's warmup (the critic may have its own, ``critic_warmup_ratio``)
+            groups += [{"params": decay, "lr": lr, "role": role},
+                       {"params": no_decay, "lr": lr, "weight_decay": 0.0, "role": role}]
         return [g for g in groups if g["params"]]
 
     def _set_training(self, mode: bool) -> None:

@@ -29,7 +29,7 @@ from agentgym.rollout import RolloutConfig, RolloutEngine, summarize
 
 from agentgym.algorithms.learners import LearnerConfig, make_learner
 
-__all__ = ["TrainConfig", "SamplingConfig", "EvalConfig", "train", "Trainer"]
+__all__ = ["TrainConfig", "SamplingConfig", "EvalConfig", "train", "Trainer", "rollout_config", "held_out_eval"]
 
 
 @dataclass
@@ -51,7 +51,9 @@ class EvalConfig:
 class TrainConfig:
     """Everything a run needs. Defaults: the README's main job (a short CPU run)."""
     env: str = "Arithmetic-v0"
-    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"hard_fraction": 0.0, "max_turns": 2})
+    # the default env's arguments: a config that picks another env starts from {} (see load_config)
+    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"hard_fraction": 0.0, "max_turns": 2},
+                                       metadata={"defaults_belong_to": "env"})
     model: str = "smollm2"
     algo: str = "grpo"
     steps: int = 6
@@ -69,6 +71,9 @@ class TrainConfig:
     output_dir: str = "runs/train"
     tensorboard: bool = True
     device: str | None = None
+    # weights' dtype: None = bf16 on CUDA, fp32 on CPU. "float32" keeps fp32 master weights (bf16
+    # autocast still applies with learner.bf16): at lr 1e-6 an AdamW step is far below bf16's resolution.
+    dtype: str | None = None
     debug_checks: bool = False
 
 
@@ -78,32 +83,58 @@ def _set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _torch_dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must name a torch dtype (float32, bfloat16, float16), got {name!r}")
+    return dtype
+
+
 def _step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 7_919) % 2**31
 
 
+def rollout_config(cfg: TrainConfig, greedy: bool = False) -> RolloutConfig:
+    """The rollout settings of a run (``greedy`` for its evals)."""
+    sampling = SamplingParams(max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
+                              top_p=cfg.sampling.top_p, greedy=greedy)
+    return RolloutConfig(sampling=sampling, style=cfg.style, max_obs_tokens=cfg.max_obs_tokens,
+                         max_context_tokens=cfg.max_context_tokens, debug_checks=cfg.debug_checks)
+
+
+def held_out_eval(engine: RolloutEngine, cfg: TrainConfig) -> tuple[dict[str, float], list[Any]]:
+    """The eval of every run: the same held-out tasks (``eval.first_task`` on, the eval split), so runs
+    and algorithms (including ones trained outside :class:`Trainer`) are compared on equal terms.
+    Returns ``eval/``-prefixed metrics and the trajectories."""
+    e = cfg.eval
+    indices = list(range(e.first_task, e.first_task + e.episodes))
+    batch = engine.collect(cfg.env, task_indices=indices, seed=cfg.seed, env_kwargs={**cfg.env_kwargs, **e.env_kwargs})
+    return {f"eval/{k}": v for k, v in batch.metrics.items() if not k.startswith("time/")}, batch.trajectories
+
+
 class Trainer:
-    def __init__(self, cfg: TrainConfig, policy: Any | None = None, log: Callable[[str], None] = print):
-        from agentgym.policies.transformers_policy import TransformersPolicy
-        self.cfg, self.log = cfg, log
+    """One training run. ``on_step(step, batch, row)`` (optional) sees every step's rollout batch and
+    logged row after the update, e.g. for the comparison harness to record which tasks were drawn."""
+
+    def __init__(self, cfg: TrainConfig, policy: Any | None = None, log: Callable[[str], None] = print,
+                 on_step: Callable[[int, Any, dict[str, float]], None] | None = None):
+        self.cfg, self.log, self.on_step = cfg, log, on_step
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         _set_seed(cfg.seed)
-        if policy is None:
-            policy = (TransformersPolicy.tiny_random(seed=cfg.seed) if cfg.model == "tiny-random"
-                      else TransformersPolicy.from_pretrained(cfg.model, device=cfg.device))
+        if policy is None:  # any model spec, including an SFT / DPO output or another run's checkpoint
+            from agentgym.algorithms.checkpoints import load_trained_policy
+            policy = load_trained_policy(cfg.model, device=cfg.device, dtype=_torch_dtype(cfg.dtype), seed=cfg.seed)
         self.policy = policy
         lcfg = cfg.learner
         if lcfg.total_steps is None or lcfg.total_steps <= 0:
             from dataclasses import replace
             lcfg = replace(lcfg, total_steps=cfg.steps)
         self.learner = make_learner(cfg.algo, policy, lcfg)
-        sampling = SamplingParams(max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
-                                  top_p=cfg.sampling.top_p)
-        rc = dict(style=cfg.style, max_obs_tokens=cfg.max_obs_tokens, max_context_tokens=cfg.max_context_tokens,
-                  debug_checks=cfg.debug_checks)
-        self.engine = RolloutEngine(policy, RolloutConfig(sampling=sampling, **rc))
-        self.eval_engine = RolloutEngine(policy, RolloutConfig(sampling=sampling.replace(greedy=True), **rc))
+        self.engine = RolloutEngine(policy, rollout_config(cfg))
+        self.eval_engine = RolloutEngine(policy, rollout_config(cfg, greedy=True))
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.evals: list[dict[str, float]] = []
@@ -179,14 +210,11 @@ class Trainer:
                     self._tb.add_scalar(k, v, int(row["step"]))
 
     def evaluate(self, tag: str) -> tuple[dict[str, float], list[Any]]:
-        e = self.cfg.eval
-        indices = list(range(e.first_task, e.first_task + e.episodes))
-        kwargs = {**self.cfg.env_kwargs, **e.env_kwargs}
-        batch = self.eval_engine.collect(self.cfg.env, task_indices=indices, seed=self.cfg.seed, env_kwargs=kwargs)
-        m = {"step": float(self.step), **{f"eval/{k}": v for k, v in batch.metrics.items() if not k.startswith("time/")}}
+        metrics, trajectories = held_out_eval(self.eval_engine, self.cfg)
+        m = {"step": float(self.step), **metrics}
         self.evals.append({"tag": tag, **m})
         self.log(f"[eval {tag} @ step {self.step}] success {m['eval/success_rate']:.3f}  reward {m['eval/reward_mean']:+.3f}")
-        return m, batch.trajectories
+        return m, trajectories
 
     # ------------------------------------------------------------------ loop
     def train(self, resume: bool = False) -> dict[str, Any]:
@@ -218,6 +246,8 @@ class Trainer:
                    "perf/tokens_per_s": batch.metrics.get("generated_tokens", 0.0) / max(dt, 1e-9)}
             self.history.append(row)
             self._log_row(row)
+            if self.on_step is not None:
+                self.on_step(self.step, batch, row)
             bar.update(1)
             bar.set_postfix(reward=f"{batch.metrics['reward_mean']:+.3f}", success=f"{batch.metrics['success_rate']:.2f}")
             if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:

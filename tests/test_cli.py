@@ -178,3 +178,16 @@ def test_unknown_env_and_missing_command():
     out = run_cli()
     assert out.returncode == 2
     assert "usage: agentgym" in out.stderr
+
+
+def test_sandbox_status_and_help():
+    res = run_cli("sandbox", "status")
+    assert res.returncode == 0, res.stderr
+    status = json.loads(res.stdout)
+    assert set(status) == {"docker", "bwrap", "subprocess"} and status["subprocess"] == "ok"
+    res = run_cli("sandbox", "--help")
+    assert res.returncode == 0 and "build-image" in res.stdout
+    res = run_cli("sandbox", "build-image", "--help")
+    assert res.returncode == 0 and "--if-missing" in res.stdout
+    res = run_cli("sandbox", "bogus")
+    assert res.returncode == 2 and "invalid choice" in res.stderr

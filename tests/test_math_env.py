@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import re
 import gymnasium as gym
 import pytest
 
@@ -166,6 +167,21 @@ def test_task_option_and_bad_tasks():
         MathEnv(kinds=("geometry",))
     with pytest.raises(ValueError, match="difficulty"):
         MathEnv(difficulty=(3, 1))
+    with pytest.raises(ValueError, match="difficulty"):
+        MathEnv(difficulty=-1)
+
+
+def test_difficulty_zero_is_one_operation_for_arithmetic_only():
+    for i in range(50):
+        p = make_problem("train", i, kinds=("arithmetic",), difficulty=0)
+        assert p["min_steps"] == 1 and re.fullmatch(r"Compute \d+ [-+×÷] \d+\.", p["question"]), p["question"]
+        a, op, b = p["question"][len("Compute "):-1].split()
+        assert int(b) <= 20 and (int(a) <= 20 or op == "÷" and int(a) // int(b) <= 10), p["question"]
+    # Other kinds have no easier level than 1: 0 gives their level-1 problems.
+    for kind in ("fractions", "linear", "word"):
+        for i in range(20):
+            assert make_problem("train", i, kinds=(kind,), difficulty=0)["question"] == \
+                make_problem("train", i, kinds=(kind,), difficulty=1)["question"]
 
 
 def test_check_env_passes():

@@ -18,6 +18,7 @@ normalising the many ways one number is written: ``0.5 = 1/2 = \frac{1}{2} = \df
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -29,6 +30,7 @@ __all__ = ["Extracted", "extract_answer", "parse_number", "answers_equal", "form
 
 _MAX_LEN = 200        # longer "numbers" are not answers (and int() of huge strings is slow)
 _MAX_EXPONENT = 400   # 1e999999999 would build a gigantic integer
+_MAX_VALUE = 10 ** _MAX_EXPONENT
 
 # A number as written in text: LaTeX fraction (optionally mixed: 1\frac{1}{2}), a/b, decimal with
 # thousands separators, leading-dot decimal. A sign counts only where it cannot be a binary minus.
@@ -110,7 +112,7 @@ def _decimal(s: str) -> Fraction | None:
         value = Fraction(s)
     except (ValueError, ZeroDivisionError):
         return None
-    if value.denominator > 10 ** _MAX_EXPONENT or abs(value) > 10 ** _MAX_EXPONENT:
+    if value.denominator > _MAX_VALUE or abs(value) > _MAX_VALUE:
         return None
     return value
 
@@ -136,12 +138,21 @@ def _unbrace(s: str) -> str:
 
 
 def parse_number(text: str | None) -> Fraction | None:
-    r"""The exact value of a written number (``"1/2"``, ``"\dfrac{1}{2}"``, ``"1,234.5"``, ``"50\%"``), else None."""
+    r"""The exact value of a written number (``"1/2"``, ``"\dfrac{1}{2}"``, ``"1,234.5"``, ``"50\%"``), else None.
+
+    Memoised (results are immutable): one Math-v0 step parses the same gold and predicted strings
+    several times (validation at reset, the ``correct`` term, the episode summary), and a GRPO group
+    repeats one task's gold answer ``group_size`` times."""
     if text is None:
         return None
     s = str(text).strip()
-    if not s or len(s) > _MAX_LEN:
+    if not s or len(s) > _MAX_LEN:  # checked before the cache: its keys stay short
         return None
+    return _parse_number(s)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_number(s: str) -> Fraction | None:
     s = s.replace("\u2212", "-").replace("{,}", ",").replace("\\%", "%").replace("\\dfrac", "\\frac")
     s = s.replace("\\tfrac", "\\frac").replace("\\cdot", "*")
     s = _TEXT_CMD.sub(r" \1 ", s)

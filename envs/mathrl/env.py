@@ -159,7 +159,10 @@ class MathEnv(AgentEnv):
     Args:
         split: ``"train"`` or ``"test"`` (disjoint question sets).
         kinds: problem families to draw from (``arithmetic``, ``fractions``, ``linear``, ``word``).
-        difficulty: an int >= 1 or an inclusive range ``(lo, hi)`` drawn per task; no upper bound.
+        difficulty: an int >= 0 or an inclusive range ``(lo, hi)`` drawn per task; no upper bound.
+            0 is the warm-up level for very small models (one operation on numbers up to 20 for
+            ``arithmetic``): the default ``agentgym train`` job uses it so that SmolLM2-135M solves
+            some tasks and a group's rewards differ — with all-equal rewards GRPO has no gradient.
         tools: allow ```python blocks run in the sandbox (tool-integrated reasoning).
         sandbox: ``"auto"``, a backend name or a ``Sandbox`` (tools mode only; created on first use).
         max_tool_calls, tool_time_limit_s, memory_mb, max_output_chars: limits of the code runs.
@@ -183,13 +186,13 @@ class MathEnv(AgentEnv):
         if not kinds or any(k not in KINDS for k in kinds):
             raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
         if isinstance(difficulty, int):
-            if difficulty < 1:
-                raise ValueError(f"difficulty must be >= 1, got {difficulty}")
+            if difficulty < 0:
+                raise ValueError(f"difficulty must be >= 0, got {difficulty}")
             self.difficulty: int | tuple[int, int] = difficulty
         else:
             lo, hi = (int(v) for v in difficulty)
-            if not 1 <= lo <= hi:
-                raise ValueError(f"difficulty range must satisfy 1 <= lo <= hi, got {difficulty!r}")
+            if not 0 <= lo <= hi:
+                raise ValueError(f"difficulty range must satisfy 0 <= lo <= hi, got {difficulty!r}")
             self.difficulty = (lo, hi)
         if observation_style not in ("chat", "continuation"):
             raise ValueError(f"observation_style must be 'chat' or 'continuation', got {observation_style!r}")

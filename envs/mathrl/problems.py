@@ -2,7 +2,7 @@
 
 ``make_problem(split, index, kinds, difficulty)`` is a pure function of its arguments: the generator
 is seeded by ``(split, index)``, so any index (there is no upper bound) is a reproducible task.
-``difficulty`` (an int >= 1, no upper bound) scales both the numbers and the number of steps.
+``difficulty`` (an int >= 0, no upper bound; 0 is a warm-up level) scales both the numbers and the number of steps.
 
 Train and test are disjoint *by construction*: a candidate problem belongs to the test split iff a
 hash of its question text falls in the test fifth, and each split rejects the other's candidates,
@@ -278,7 +278,7 @@ def make_problem(split: str, index: int, kinds: Sequence[str] = KINDS,
             d = difficulty
         else:
             d = _int(rng, int(difficulty[0]), int(difficulty[1]))
-        p = _GENERATORS[kind](rng, d)
+        p = _GENERATORS[kind](rng, d if kind == "arithmetic" else max(d, 1))  # level 0 exists for arithmetic only
         if split_of(p["question"]) == split:
             answer = format_fraction(p["answer"])
             return {"question": p["question"], "answer": answer, "answers": [answer], "kind": kind, "difficulty": d,

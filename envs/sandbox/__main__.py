@@ -1,5 +1,4 @@
-"""``python -m agentgym.envs.sandbox {build-image,status}`` -- the same as the CLI's
-``agentgym sandbox ...`` commands, usable before the CLI is wired or installed."""
+"""``agentgym sandbox {build-image,status}`` (also ``python -m agentgym.envs.sandbox ...``)."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +10,7 @@ from .image import DEFAULT_IMAGE, build_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agentgym.envs.sandbox")
+    p = argparse.ArgumentParser(prog="agentgym sandbox", description="Code-execution sandboxes.")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build-image", help="build the docker sandbox image")
     b.add_argument("--tag", default=DEFAULT_IMAGE)

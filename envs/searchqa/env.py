@@ -24,7 +24,8 @@ from agentgym.parsing import all_tag_contents, first_tag, last_tag_content, pars
 from agentgym.rewards import CallCost, ExactMatch, InvalidActionPenalty, StepEvent, TokenF1, exact_match, normalize_answer
 
 __all__ = ["SearchQAEnv", "SEARCH_R1_PROMPT", "SEARCH_R1_INVALID", "make_search_r1_prompt", "format_passages",
-           "get_retriever", "MaskRetrievedTokens"]
+           "get_retriever", "MaskRetrievedTokens", "RETRIEVAL_MODES", "NO_SEARCH_PROMPT", "RAG_PROMPT",
+           "ANSWER_ONLY_INVALID"]
 
 # Search-R1 `make_prefix`, template "base" (scripts/data_process/nq_search.py): exact text, including
 # its own typo "as your want". The question follows "Question: " and one newline ends the prompt.
@@ -44,6 +45,29 @@ SEARCH_R1_INVALID = (
     "Let me try again.\n"
 )
 
+# Baselines (``retrieval="none"`` / ``"rag"``). Search-R1 compares against direct inference and one-shot
+# RAG; the reference does not give those baselines' prompts, so these are ours, worded like the
+# instruction above so that only the access to retrieval differs. {passages} is `format_passages`.
+NO_SEARCH_PROMPT = (
+    "Answer the given question. You can reason inside <think> and </think> first. Then provide the answer "
+    "inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    "Question: {question}\n"
+)
+RAG_PROMPT = (
+    "Answer the given question. The top searched results for it are given between <information> and "
+    "</information>; use them if they help. You can reason inside <think> and </think> first. Then provide the "
+    "answer inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>.\n"
+    "<information>{passages}</information>\nQuestion: {question}\n"
+)
+# Invalid-action observation of the baselines (no search engine to mention).
+ANSWER_ONLY_INVALID = (
+    "\nMy previous action is invalid. I should put the final answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
+#: ``agentic`` = Search-R1 (the policy searches when it decides to); ``none`` = answer without retrieval;
+#: ``rag`` = the top-k passages for the question are in the prompt, no search action.
+RETRIEVAL_MODES = ("agentic", "none", "rag")
+
 CHAT_SYSTEM_PROMPT = (
     "You answer questions about a world you do not know; a search engine over an encyclopedia of that world "
     "is available as the tool `search`. Call it by writing\n"
@@ -53,12 +77,15 @@ CHAT_SYSTEM_PROMPT = (
 )
 
 
+def _question_text(question: str) -> str:
+    # Search-R1 `make_prefix`: the question is stripped and gets a trailing '?' if it lacks one.
+    q = question.strip()
+    return q if q.endswith("?") else q + "?"
+
+
 def make_search_r1_prompt(question: str) -> str:
     """Search-R1's prompt: the question is stripped and gets a trailing '?' if it lacks one."""
-    q = question.strip()
-    if not q.endswith("?"):
-        q += "?"
-    return SEARCH_R1_PROMPT.format(question=q)
+    return SEARCH_R1_PROMPT.format(question=_question_text(question))
 
 
 def format_passages(hits: Sequence[Any]) -> str:
@@ -189,8 +216,16 @@ class SearchQAEnv(AgentEnv):
         max_turns: search turns (Search-R1 scripts: 4). With ``forced_answer`` one more turn follows in
             which a search is not executed (Search-R1's final rollout with ``do_search=False``).
         data: ``None`` (bundled world, ``world_seed``, ``world_size``), or a dict with ``questions``
-            (Search-R1 parquet path or list of rows) and ``corpus`` (jsonl path or list of docs).
+            (Search-R1 parquet path or list of rows) and ``corpus`` (jsonl path or list of docs). ``corpus``
+            may be left out when ``retriever`` is a server URL, an index directory or an object (the index
+            already holds the passages; loading wiki-18 into every env would cost gigabytes).
         reward: weights for the terms in ``DEFAULT_WEIGHTS`` or a custom Reward.
+        retrieval: ``"agentic"`` (default: Search-R1, the policy decides when to search), or a baseline
+            with ``protocol="search_r1"``: ``"none"`` (answer without retrieval; ``NO_SEARCH_PROMPT``) or
+            ``"rag"`` (the ``topk`` passages retrieved for the question are in the prompt;
+            ``RAG_PROMPT``). The baselines accept only ``<answer>``; anything else is invalid
+            (``ANSWER_ONLY_INVALID``) until ``max_turns`` (use ``max_turns=1, forced_answer=False`` for one
+            generation, as Search-R1's baselines).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -199,19 +234,28 @@ class SearchQAEnv(AgentEnv):
     def __init__(self, protocol: str = "search_r1", split: str = "train", retriever: Any = "dense", topk: int = 3,
                  max_turns: int = 4, forced_answer: bool = True, data: Mapping[str, Any] | None = None,
                  world_seed: int = 0, world_size: str | int = "small",
-                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None):
+                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
+                 retrieval: str = "agentic"):
         if protocol not in ("search_r1", "chat"):
             raise ValueError(f"protocol must be 'search_r1' or 'chat', got {protocol!r}")
+        if retrieval not in RETRIEVAL_MODES:
+            raise ValueError(f"retrieval must be one of {RETRIEVAL_MODES}, got {retrieval!r}")
+        if retrieval != "agentic" and protocol != "search_r1":
+            raise ValueError(f"retrieval={retrieval!r} is a baseline of protocol='search_r1'")
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
-        self.protocol, self.split, self.topk = protocol, split, topk
+        self.protocol, self.split, self.topk, self.retrieval = protocol, split, topk, retrieval
         self.search_turns, self.forced_answer = int(max_turns), bool(forced_answer)
         self.observation_style = "continuation" if protocol == "search_r1" else "chat"
         # Search-R1 cuts each response after the first </search>, else after the first </answer>.
         self.stop_strings = ("</search>", "</answer>") if protocol == "search_r1" else ("</tool_call>", "</answer>")
-        self.corpus, self.questions, corpus_key = self._load_data(data, split, world_seed, world_size)
+        if retrieval != "agentic":
+            self.stop_strings = ("</answer>",)
+        self._rag_text = ""  # passages put in this episode's prompt (retrieval="rag")
+        in_process = retriever in ("dense", "bm25") and retrieval != "none"
+        self.corpus, self.questions, corpus_key = self._load_data(data, split, world_seed, world_size, in_process)
         self.num_tasks = len(self.questions)
         self._retriever_spec = retriever
         self._corpus_key = corpus_key
@@ -225,20 +269,22 @@ class SearchQAEnv(AgentEnv):
 
     # -- data and retrieval
     @staticmethod
-    def _load_data(data, split, world_seed, world_size):
+    def _load_data(data, split, world_seed, world_size, needs_corpus=True):
         from agentgym.envs.searchqa import data as sdata
         if data is None:
             corpus, train, test = sdata.bundled_dataset(seed=world_seed, size=world_size)
             return corpus, (train if split == "train" else test), ("bundled", world_seed, world_size)
         questions, corpus = data.get("questions"), data.get("corpus")
-        if questions is None or corpus is None:
-            raise ValueError("data= needs 'questions' (parquet path or rows) and 'corpus' (jsonl path or docs)")
+        if questions is None or (corpus is None and needs_corpus):
+            raise ValueError("data= needs 'questions' (parquet path or rows) and 'corpus' (jsonl path or docs); "
+                             "'corpus' may be left out only with a retrieval server URL, an index directory or "
+                             "a retriever object")
         key = ("custom", corpus if isinstance(corpus, str) else id(corpus))
         if isinstance(questions, str):
             questions = sdata.load_search_r1_parquet(questions)
         if isinstance(corpus, str):
             corpus = sdata.load_corpus_jsonl(corpus)
-        return list(corpus), list(questions), key
+        return (None if corpus is None else list(corpus)), list(questions), key
 
     @property
     def retriever(self) -> Any:
@@ -258,6 +304,14 @@ class SearchQAEnv(AgentEnv):
         return dict(self.questions[index])
 
     def initial_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+        self._rag_text = ""
+        if self.retrieval == "none":
+            return [{"role": "user", "content": NO_SEARCH_PROMPT.format(question=_question_text(task["question"]))}]
+        if self.retrieval == "rag":
+            # one retrieval with the question as the query, the same passage format as a search result
+            self._rag_text = self._search(task["question"])[0]
+            return [{"role": "user", "content": RAG_PROMPT.format(passages=self._rag_text.strip(),
+                                                                   question=_question_text(task["question"]))}]
         if self.protocol == "search_r1":
             return [{"role": "user", "content": make_search_r1_prompt(task["question"])}]
         return [{"role": "system", "content": CHAT_SYSTEM_PROMPT}, {"role": "user", "content": task["question"]}]
@@ -276,6 +330,11 @@ class SearchQAEnv(AgentEnv):
     def transition(self, action: str) -> Transition:
         if self.protocol == "chat":
             return self._chat_transition(action)
+        if self.retrieval != "agentic":
+            tag = first_tag(action, ("answer",))
+            if tag is None:
+                return self.invalid(ANSWER_ONLY_INVALID)
+            return Transition([], "answer", parsed=tag, terminated=True, answer=last_tag_content(action, "answer"))
         # Search-R1 `postprocess_predictions`: the first match of <(search|answer)>(.*?)</\1> decides.
         tag = first_tag(action, ("search", "answer"))
         if tag is None:
@@ -325,10 +384,11 @@ class SearchQAEnv(AgentEnv):
 
     def episode_metrics(self) -> dict[str, Any]:
         searches = [r for r in self._history if r.action_type == "search"]
+        golds = [str(g) for g in self.task.get("answers", [])]
+        found = any(_gold_in(r.info.get("retrieved_text", ""), golds) for r in searches)
         return {"searches": len(searches), "question_type": self.task.get("type"),
                 "needs_search": self.task.get("needs_search"),
-                "found_gold": any(_gold_in(r.info.get("retrieved_text", ""), [str(g) for g in self.task.get("answers", [])])
-                                  for r in searches)}
+                "found_gold": found or (bool(self._rag_text) and _gold_in(self._rag_text, golds))}
 
     @staticmethod
     def oracle(context: Mapping[str, Any]) -> str:

@@ -1,0 +1,106 @@
+"""Evaluation of a policy on an env's held-out tasks: every metric as mean and std over episodes.
+
+``agentgym eval`` is the front end (flags, or ``--config FILE`` plus ``key=value`` overrides, like
+``agentgym train``). Reported per episode, then averaged and spread: success, return, each reward
+term, turns, tool calls, and the env's own episode metrics (ToolCall-v0's
+``tool_selection_accuracy``, ``plan_success``, ``step_efficiency``, ``end_to_end_success``, … appear as
+``episode/<key>``). Held-out by default: ``split="test"`` is passed to envs whose constructor takes a
+``split`` (every built-in env with a train/test split); others run as configured.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from agentgym.trajectory import Trajectory
+
+__all__ = ["EvalRunConfig", "EvalResult", "evaluate", "env_takes_split"]
+
+
+@dataclass
+class EvalRunConfig:
+    """One evaluation. ``episodes`` tasks (``first_task``, ``first_task``+1, … or, when None, drawn from
+    ``seed``), ``group_size`` samples each; rollout settings as in ``agentgym train`` (use the same
+    ``max_obs_tokens`` / ``style`` as the checkpoint was trained with)."""
+    env: str | None = None
+    policy: str = "smollm2"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    split: str | None = "test"
+    episodes: int = 16
+    group_size: int = 1
+    batch_size: int = 16
+    first_task: int | None = None
+    seed: int = 0
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+    style: str | None = None
+    max_obs_tokens: int | None = 512
+    max_context_tokens: int = 4096
+    device: str | None = None
+    debug_checks: bool = False
+    html: str | None = None
+    json: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1 or self.group_size < 1 or self.batch_size < 1:
+            raise ValueError("episodes, group_size and batch_size must be >= 1")
+
+
+@dataclass
+class EvalResult:
+    trajectories: list[Trajectory]
+    metrics: dict[str, float]          # summarize() means (+ summed timings)
+    std: dict[str, float]              # summarize_std(): spread over episodes, same keys
+    env_kwargs: dict[str, Any]         # what the env was built with (the split included)
+
+
+def env_takes_split(env_id: str) -> bool:
+    """Whether the registered env's constructor accepts a ``split`` argument."""
+    import gymnasium as gym
+    from gymnasium.envs.registration import load_env_creator
+    spec = gym.spec(env_id)
+    if "split" in (spec.kwargs or {}):
+        return True
+    creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    try:
+        params = inspect.signature(creator).parameters
+    except (TypeError, ValueError):
+        return False
+    return "split" in params
+
+
+def evaluate(policy: Any, cfg: EvalRunConfig, env_id: str,
+             progress: Callable[[int, list[Trajectory]], None] | None = None) -> EvalResult:
+    """Run the episodes of ``cfg`` with ``policy`` (batched: ``batch_size`` episodes per rollout call)."""
+    from agentgym.policy import SamplingParams
+    from agentgym.rollout import RolloutConfig, RolloutEngine, summarize, summarize_std
+    env_kwargs = dict(cfg.env_kwargs)
+    if cfg.split is not None and "split" not in env_kwargs and env_takes_split(env_id):
+        env_kwargs["split"] = cfg.split
+    sampling = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
+                              greedy=cfg.greedy, seed=cfg.seed)
+    engine = RolloutEngine(policy, RolloutConfig(sampling=sampling, style=cfg.style, max_obs_tokens=cfg.max_obs_tokens,
+                                                 max_context_tokens=cfg.max_context_tokens,
+                                                 debug_checks=cfg.debug_checks))
+    trajectories: list[Trajectory] = []
+    timing: dict[str, float] = {}
+    groups_per_call = max(1, cfg.batch_size // cfg.group_size)
+    try:
+        for start in range(0, cfg.episodes, groups_per_call):
+            k = min(groups_per_call, cfg.episodes - start)
+            indices = [cfg.first_task + start + i for i in range(k)] if cfg.first_task is not None else None
+            batch = engine.collect(env_id, num_groups=k, group_size=cfg.group_size, task_indices=indices,
+                                   seed=cfg.seed + start, env_kwargs=env_kwargs)
+            trajectories.extend(batch.trajectories)
+            for key, v in batch.metrics.items():
+                if key.startswith("time/") and key.endswith("_s"):
+                    timing[key] = timing.get(key, 0.0) + v
+            if progress is not None:
+                progress(len(batch.trajectories), trajectories)
+    finally:
+        engine.close()
+    return EvalResult(trajectories, {**summarize(trajectories), **timing}, summarize_std(trajectories), env_kwargs)

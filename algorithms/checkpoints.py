@@ -1,0 +1,142 @@
+"""Loading what agentgym writes back as a policy, so every stage's output feeds the next stage.
+
+A *model spec* names a causal LM everywhere a command takes one (``agentgym train model=…``,
+``agentgym sft model=…``, ``agentgym dpo model=…``, ``agentgym eval --policy …``):
+
+* ``tiny-random`` — the 2-layer random Llama (tests, smoke runs); seeded by the run's seed;
+* a trainer **run directory** (``runs/train``: its latest checkpoint), a **checkpoint directory**
+  (``runs/train/checkpoints/step_000006``) or that checkpoint's ``model/`` folder. Checkpoints hold
+  only weights (all of them, or only the LoRA adapter), so the run's ``config.yaml`` names the base
+  model that gives the tokenizer (and, for LoRA, the frozen weights the adapter is merged into);
+* an SFT / DPO **output directory** (``runs/sft``: its ``model/`` folder is a plain Hugging Face
+  model directory with the tokenizer, or with ``merge_lora=false`` an adapter that is merged into
+  the base named by the run's ``config.yaml`` on load), or any plain model directory itself;
+* anything :func:`agentgym.policies.models.resolve_model` knows: ``smollm2``, a ``.gguf`` file, a
+  hub id.
+
+Chains resolve recursively: a GRPO run started from an SFT output names that output as its base.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["trainer_checkpoint", "load_trained_policy", "load_tokenizer_for", "export_model"]
+
+TINY_RANDOM = "tiny-random"
+
+
+def _latest_checkpoint(run_dir: Path) -> Path | None:
+    ckpts = sorted((run_dir / "checkpoints").glob("step_*[0-9]"))
+    return ckpts[-1] if ckpts else None
+
+
+def trainer_checkpoint(path: str | Path) -> Path | None:
+    """The trainer checkpoint directory ``path`` designates (run dir → latest), or None if it is none."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        return None
+    if p.name == "model" and (p.parent / "state.pt").exists():
+        return p.parent
+    if (p / "state.pt").exists() and (p / "model").is_dir():
+        return p
+    if (p / "checkpoints").is_dir():
+        ckpt = _latest_checkpoint(p)
+        if ckpt is None:
+            raise FileNotFoundError(f"{p} is a training run without checkpoints (it was stopped before the first one)")
+        return ckpt
+    return None
+
+
+def _run_base(cfg_path: Path) -> tuple[str, int]:
+    """(base model spec, seed) from a run's resolved ``config.yaml``."""
+    import yaml
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"no run config at {cfg_path}; it names the base model of these weights")
+    cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    base = str(cfg.get("model", ""))
+    if not base:
+        raise FileNotFoundError(f"{cfg_path} does not name a model")
+    return base, int(cfg.get("seed", 0))
+
+
+def _output_model_dir(p: Path) -> Path:
+    """An SFT / DPO output directory's ``model/`` folder, else ``p`` itself."""
+    inner = p / "model"
+    if (inner / "config.json").exists() or (inner / "adapter_config.json").exists():
+        return inner
+    return p
+
+
+def load_tokenizer_for(spec: str) -> Any:
+    """The tokenizer of a model spec (see the module docstring), without loading any weights."""
+    from agentgym.policies.models import load_tokenizer
+    if spec == TINY_RANDOM:
+        return load_tokenizer()
+    ckpt = trainer_checkpoint(spec)
+    if ckpt is not None:
+        return load_tokenizer_for(_run_base(ckpt.parent.parent / "config.yaml")[0])
+    p = Path(spec).expanduser()
+    return load_tokenizer(str(_output_model_dir(p)) if p.is_dir() else spec)  # outputs hold their tokenizer
+
+
+def load_trained_policy(spec: str, *, device: str | None = None, dtype: Any = None, seed: int = 0) -> Any:
+    """A :class:`~agentgym.policies.transformers_policy.TransformersPolicy` from any model spec.
+
+    LoRA checkpoints come back merged into their base (a plain model: the next stage may add its
+    own adapter). ``seed`` only matters for ``tiny-random``.
+    """
+    from agentgym.policies.models import load_model
+    from agentgym.policies.transformers_policy import TransformersPolicy
+    if spec == TINY_RANDOM:
+        return TransformersPolicy.tiny_random(seed=seed)
+    ckpt = trainer_checkpoint(spec)
+    if ckpt is not None:
+        base, base_seed = _run_base(ckpt.parent.parent / "config.yaml")
+        model_dir = ckpt / "model"
+        if (model_dir / "adapter_config.json").exists():
+            return _merged_adapter(model_dir, base, base_seed, spec, device, dtype)
+        return TransformersPolicy(load_model(str(model_dir), device=device, dtype=dtype), load_tokenizer_for(base), name=spec)
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        model_dir = _output_model_dir(p)
+        if (model_dir / "adapter_config.json").exists() and not (model_dir / "config.json").exists():
+            # an SFT / DPO output kept as an adapter (merge_lora=false): its run config names the base
+            base, base_seed = _run_base(model_dir.parent / "config.yaml")
+            return _merged_adapter(model_dir, base, base_seed, spec, device, dtype)
+        if not (model_dir / "config.json").exists():
+            raise FileNotFoundError(f"{p} holds no model (no config.json, no model/ folder, no checkpoints/); "
+                                    "did the run that writes it finish?")
+        return TransformersPolicy.from_pretrained(str(model_dir), device=device, dtype=dtype)
+    return TransformersPolicy.from_pretrained(spec, device=device, dtype=dtype)
+
+
+def _merged_adapter(adapter_dir: Path, base: str, base_seed: int, name: str, device: str | None, dtype: Any) -> Any:
+    """The base model spec's policy with the LoRA adapter in ``adapter_dir`` merged in."""
+    from peft import PeftModel
+
+    from agentgym.policies.transformers_policy import TransformersPolicy
+    policy = load_trained_policy(base, device=device, dtype=dtype, seed=base_seed)
+    merged = PeftModel.from_pretrained(policy.model, str(adapter_dir)).merge_and_unload()
+    return TransformersPolicy(merged.eval(), policy.tokenizer, name=name)
+
+
+def export_model(model: Any, tokenizer: Any, out_dir: str | Path, *, merge_lora: bool = True) -> Path:
+    """Save a trained model as a plain Hugging Face directory (weights + tokenizer) that
+    :func:`load_trained_policy`, ``transformers`` and other tools load directly.
+
+    A ``peft`` model is merged into its base first unless ``merge_lora`` is False (then only the
+    adapter is written, for users who keep adapters separate).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover
+        PeftModel = ()  # type: ignore[assignment]
+    if isinstance(model, PeftModel) and merge_lora:
+        model = model.merge_and_unload()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,183 @@
+"""SFT warm-up: behaviour cloning of successful episodes with ``trl.SFTTrainer``, token-faithfully.
+
+``agentgym sft`` runs :func:`run_sft` with an :class:`SFTRunConfig` (YAML + ``key=value``
+overrides, like ``agentgym train``). Steps: collect episodes from ``data.source`` (default: the env's
+oracle) → keep the successful ones → one pre-tokenized row per episode (``input_ids`` = the
+trajectory's ids, ``assistant_masks`` = its ``loss_mask``: see ``offline_data.py`` for why ids and
+not re-rendered text) → ``SFTTrainer`` (labels -100 on every prompt, observation and template-glue
+token) → ``output_dir/model``, a plain Hugging Face model directory with the tokenizer (LoRA merged
+by default) that ``agentgym train model=…``, ``agentgym dpo model=…`` and ``agentgym eval --policy …``
+load as is.
+
+Weights are trained in fp32 (with bf16 autocast on CUDA): bf16 master weights lose small AdamW
+updates. ``trl`` and ``peft`` are imported only when a run starts.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentgym.config import save_config
+
+from agentgym.algorithms.learners import LoraSettings
+from agentgym.algorithms.offline_data import (CollectConfig, RolloutSettings, collect_trajectories, load_trajectories,
+                                              sft_dataset, source_policy, successful)
+
+__all__ = ["OptimSettings", "SFTData", "SFTRunConfig", "build_sft_trainer", "run_sft", "trl_training_kwargs",
+           "peft_config", "prepare_run", "gather_episodes", "finish_run"]
+
+
+@dataclass
+class OptimSettings:
+    """Hugging Face ``Trainer`` optimisation settings shared by SFT and DPO.
+
+    ``epochs`` passes over the data unless ``max_steps`` > 0; ``warmup`` = steps, or a fraction of
+    training when < 1; ``schedule`` = a transformers scheduler name; ``max_length`` cuts examples
+    (None: no cut; episodes are already bounded by ``max_context_tokens``).
+    """
+    lr: float = 2e-5
+    epochs: float = 2.0
+    max_steps: int = -1
+    batch_size: int = 4
+    grad_accum: int = 1
+    schedule: str = "cosine"
+    warmup: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    max_length: int | None = None
+    gradient_checkpointing: bool = False
+    logging_steps: int = 1
+
+
+@dataclass
+class SFTData(CollectConfig):
+    """Episodes to clone. ``only_success`` (default on): drop failed episodes; ``min_reward``: also
+    drop episodes whose return is below it."""
+    only_success: bool = True
+    min_reward: float | None = None
+
+
+@dataclass
+class SFTRunConfig:
+    """One SFT run. Defaults: oracle episodes on Arithmetic-v0 into SmolLM2."""
+    env: str = "Arithmetic-v0"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    model: str = "smollm2"
+    data: SFTData = field(default_factory=SFTData)
+    layout: RolloutSettings = field(default_factory=RolloutSettings)
+    optim: OptimSettings = field(default_factory=OptimSettings)
+    lora: LoraSettings | None = None
+    merge_lora: bool = True
+    seed: int = 0
+    device: str | None = None
+    output_dir: str = "runs/sft"
+
+
+def trl_training_kwargs(optim: OptimSettings, out: Path, seed: int, device: str | None) -> dict[str, Any]:
+    """Keyword arguments every TRL config (a ``TrainingArguments``) gets from our settings."""
+    import dataclasses
+
+    import torch
+    from transformers import TrainingArguments
+    cuda = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
+    # transformers renamed gradient_checkpointing (kept as a deprecated alias) to activation_checkpointing
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return {"output_dir": str(out / "trainer"), "learning_rate": optim.lr, "num_train_epochs": optim.epochs,
+            "max_steps": optim.max_steps, "per_device_train_batch_size": optim.batch_size,
+            "gradient_accumulation_steps": optim.grad_accum, "lr_scheduler_type": optim.schedule,
+            "warmup_steps": optim.warmup, "weight_decay": optim.weight_decay, "max_grad_norm": optim.max_grad_norm,
+            "max_length": optim.max_length, ckpt: optim.gradient_checkpointing,
+            "logging_steps": optim.logging_steps, "logging_first_step": True, "save_strategy": "no",
+            "report_to": [], "seed": seed, "data_seed": seed, "bf16": cuda, "use_cpu": not cuda,
+            "dataset_num_proc": None}
+
+
+def peft_config(lora: LoraSettings | None) -> Any:
+    if lora is None:
+        return None
+    from peft import LoraConfig
+    target = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=target,
+                      task_type="CAUSAL_LM")
+
+
+def prepare_run(cfg: Any) -> tuple[Path, Any]:
+    """Output dir with the resolved config, seeds set, and the model as a policy (fp32 weights)."""
+    import torch
+    from transformers import set_seed
+
+    from agentgym.algorithms.checkpoints import load_trained_policy
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    set_seed(cfg.seed)
+    return out, load_trained_policy(cfg.model, device=cfg.device, dtype=torch.float32, seed=cfg.seed)
+
+
+def gather_episodes(cfg: Any, policy: Any, desc: str) -> list[Any]:
+    """The run's episodes: loaded from ``data.source`` when it is a ``.json`` file, else collected."""
+    from agentgym.registry import full_id
+    if cfg.data.source.endswith(".json"):
+        return load_trajectories(cfg.data.source, policy.tokenizer)
+    env_id = full_id(cfg.env)
+    return collect_trajectories(source_policy(cfg.data.source, policy, env_id), env_id, cfg.env_kwargs,
+                                cfg.data, cfg.layout, desc=desc)
+
+
+def finish_run(trainer: Any, tokenizer: Any, out: Path, merge_lora: bool) -> tuple[list[dict[str, Any]], Path]:
+    """After ``trainer.train()``: TRL's ``log_history`` as ``train_log.csv`` (one row per logging step)
+    and the model exported to ``out/model``. Returns the history and the model directory."""
+    from agentgym.algorithms.checkpoints import export_model
+    history = list(trainer.state.log_history)
+    keys = sorted({k for row in history for k in row})
+    with (out / "train_log.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(history)
+    try:
+        (out / "trainer").rmdir()  # the HF Trainer's output dir stays empty: it saves no checkpoints
+    except OSError:
+        pass
+    return history, export_model(trainer.model, tokenizer, out / "model", merge_lora=merge_lora)
+
+
+def build_sft_trainer(cfg: SFTRunConfig, policy: Any, dataset: Any, out: Path) -> Any:
+    """The ``trl.SFTTrainer`` for ``dataset`` (rows of :func:`~agentgym.algorithms.offline_data.sft_example`).
+
+    ``assistant_only_loss`` stays off: it re-derives masks from a chat template's generation markers,
+    whereas our ``assistant_masks`` column already says which ids the policy produced (including a
+    sampled end-of-turn token, so the model learns to stop)."""
+    import trl
+    args = trl.SFTConfig(**trl_training_kwargs(cfg.optim, out, cfg.seed, cfg.device),
+                         assistant_only_loss=False, completion_only_loss=False, packing=False)
+    return trl.SFTTrainer(model=policy.model, args=args, train_dataset=dataset, processing_class=policy.tokenizer,
+                          peft_config=peft_config(cfg.lora))
+
+
+def run_sft(cfg: SFTRunConfig) -> dict[str, Any]:
+    """Collect → filter → SFT → export. Returns counts, first/last loss and the model directory."""
+    out, policy = prepare_run(cfg)
+    episodes = gather_episodes(cfg, policy, desc=f"sft data ({cfg.data.source})")
+    floor = cfg.data.min_reward
+    kept = successful(episodes, floor) if cfg.data.only_success else \
+        [t for t in episodes if t.num_policy_tokens > 0 and (floor is None or t.total_reward >= floor)]
+    summary = {"episodes": len(episodes), "kept": len(kept),
+               "source_success_rate": sum(bool(t.episode.get("success")) for t in episodes) / max(1, len(episodes)),
+               "kept_tokens": sum(len(t.token_ids) for t in kept),
+               "kept_policy_tokens": sum(t.num_policy_tokens for t in kept)}
+    (out / "data_summary.json").write_text(json.dumps(summary, indent=1))
+    if not kept:
+        raise ValueError(f"none of the {len(episodes)} episodes from {cfg.data.source!r} passed the filter "
+                         "(data.only_success, data.min_reward); nothing to clone")
+    trainer = build_sft_trainer(cfg, policy, sft_dataset(kept), out)
+    trainer.train()
+    history, model_dir = finish_run(trainer, policy.tokenizer, out, cfg.merge_lora)
+    losses = [row["loss"] for row in history if "loss" in row]
+    return {**summary, "loss_first": losses[0] if losses else float("nan"),
+            "loss_last": losses[-1] if losses else float("nan"), "steps": trainer.state.global_step,
+            "model_dir": str(model_dir)}

@@ -1,0 +1,143 @@
+"""The algorithm comparison harness (``agentgym compare``): artifacts, same tasks, budget, errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from agentgym.algorithms import compare as cmp
+from agentgym.algorithms.compare import CompareError, RunRecord, Variant, parse_variants, summarize_runs
+from agentgym.cli import main
+from fixtures_llm import one_torch_thread  # noqa: F401  (autouse: a 64-wide model is faster on one thread)
+
+TINY = ["model=tiny-random", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4", "eval.episodes=2",
+        "learner.lr=1e-3", "learner.micro_batch_size=4", "tensorboard=false",
+        "env_kwargs={hard_fraction: 0.0, max_turns: 1}"]
+
+
+def test_two_algos_two_seeds_artifacts_rows_and_same_tasks(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    # a learner and a variant of another (the masking ablation's syntax) in one run
+    rc = main(["compare", "--env", "Arithmetic-v0", "--algos", "reinforce,grpo:mask_env_tokens=false",
+               "--seeds", "2", "--steps", "2", "--out", str(out), *TINY])
+    assert rc == 0
+    printed = capsys.readouterr()
+    assert [f"[compare {i}/4]" in printed.out for i in range(1, 5)] == [True] * 4  # one line per run
+    assert "same tasks across algos: yes" in printed.out
+
+    for name in ("compare.csv", "compare.png", "compare.md", "compare.json"):
+        assert (out / name).stat().st_size > 0, name
+    png = (out / "compare.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+    with Image.open(out / "compare.png") as im:
+        im.verify()
+        assert im.size[0] > 500 and im.size[1] > 200
+
+    with (out / "compare.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == cmp.CSV_COLUMNS
+    train = [r for r in rows if r["phase"] == "train"]
+    evals = [r for r in rows if r["phase"] == "eval"]
+    labels = ["reinforce", "grpo:mask_env_tokens=false"]
+    assert sorted((r["algo"], r["seed"], r["step"]) for r in train) == sorted(
+        (a, s, st) for a in labels for s in ("0", "1") for st in ("1", "2"))
+    assert sorted((r["algo"], r["seed"], r["step"]) for r in evals) == sorted(
+        (a, s, st) for a in labels for s in ("0", "1") for st in ("0", "2"))
+    assert {r["episodes"] for r in train if r["step"] == "2"} == {"8"}  # same budget: 2 groups x 2 per step
+    assert all(float(r["tokens"]) > 0 and r["tasks"] for r in train)
+
+    # the same tasks at every (seed, step) for both algos, and different tasks for different seeds
+    tasks: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for r in train:
+        tasks[(r["seed"], r["step"])].add(r["tasks"])
+    assert all(len(v) == 1 for v in tasks.values()), tasks
+    assert tasks[("0", "1")] != tasks[("1", "1")]
+    raw = json.loads((out / "compare.json").read_text())
+    by_seed = defaultdict(list)
+    for run in raw["runs"]:
+        by_seed[run["seed"]].append(run["task_indices"])
+        assert len(run["task_indices"]) == 2 and all(len(step) == 4 for step in run["task_indices"])
+    assert all(a == b for a, b in by_seed.values())
+
+    # the variant's override reached its runs only
+    variant_cfg = (out / "grpo_mask_env_tokens-false" / "seed0" / "config.yaml").read_text()
+    assert "mask_env_tokens: false" in variant_cfg and "algo: grpo" in variant_cfg
+    assert "mask_env_tokens: true" in (out / "reinforce" / "seed1" / "config.yaml").read_text()
+    assert not (out / "reinforce" / "seed0" / "checkpoints").exists()  # removed unless --keep-checkpoints
+
+    table = (out / "compare.md").read_text()
+    assert "| `reinforce` |" in table and "| `grpo:mask_env_tokens=false` |" in table and "episodes to 80 %" in table
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--algos", "reinforce,nope"], "unknown algo 'nope'"),
+    (["--algos", "ppo,ppo"], "twice"),
+    (["--algos", "grpo:group_size=8"], "must be the same for every algo"),
+    (["--algos", "grpo:no_such_setting=1"], "neither a TrainConfig nor a LearnerConfig field"),
+    (["--algos", "trl-grpo:clip_eps=0.1"], "takes only"),
+    (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--seeds", "two"], "--seeds must be an integer"),
+    (["--seeds", "3,3"], "--seeds must list distinct seeds"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--env", "Nope-v0"], "no env 'Nope-v0'"),
+    (["--algos", "grpo", "group_size=1"], "needs group_size >= 2"),
+    (["algo=ppo"], "set algo with --algos"),
+    (["learner.lr=fast"], "learner.lr"),
+])
+def test_bad_arguments_are_one_line_errors(argv, message, tmp_path, capsys):
+    assert main(["compare", "--out", str(tmp_path / "x"), *argv, "model=tiny-random"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "x").exists()  # nothing ran
+
+
+def test_bad_arguments_in_a_real_process_exit_2_with_one_line():
+    r = subprocess.run([sys.executable, "-m", "agentgym.cli", "compare", "--algos", "reinforce,sarsa"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "unknown algo 'sarsa'" in r.stderr
+
+
+def test_missing_external_learner_module_is_named(monkeypatch, tmp_path):
+    monkeypatch.setitem(cmp.EXTERNAL_ALGOS, "trl-grpo", "agentgym.algorithms.no_such_adapter:train_with_trl")
+    with pytest.raises(CompareError, match=r"trl-grpo needs algorithms/no_such_adapter\.py"):
+        cmp.compare("grpo,trl-grpo", 1, 1, overrides=["model=tiny-random"], out_dir=tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_parse_variants_maps_learner_keys_and_safe_dirnames():
+    vs = parse_variants("grpo, grpo:mask_env_tokens=false:lr=2e-5,ppo:learner.epochs=2")
+    assert vs == [Variant("grpo", "grpo"),
+                  Variant("grpo:mask_env_tokens=false:lr=2e-5", "grpo",
+                          ("learner.mask_env_tokens=false", "learner.lr=2e-5")),
+                  Variant("ppo:learner.epochs=2", "ppo", ("learner.epochs=2",))]
+    assert vs[1].dirname == "grpo_mask_env_tokens-false_lr-2e-5"
+
+
+def _record(label: str, seed: int, rewards: list[float]) -> RunRecord:
+    hist = [{"step": float(i + 1), "rollout/reward_mean": r, "rollout/success_rate": float(r > 0.5),
+             "rollout/generated_tokens": 10.0, "time/step_s": 2.0} for i, r in enumerate(rewards)]
+    return RunRecord(label, label, seed, "", {}, history=hist, before={"eval/success_rate": 0.0},
+                     after={"eval/success_rate": 0.5}, wall_s=10.0)
+
+
+def test_summary_definitions_by_hand():
+    runs = [_record("fast", 0, [0.0, 0.6, 1.0]), _record("fast", 1, [0.0, 1.0, 1.0]),
+            _record("slow", 0, [0.0, 0.2, 0.4]), _record("slow", 1, [0.0, 0.2, 0.2])]
+    s = summarize_runs(runs, [Variant("fast", "fast"), Variant("slow", "slow")], per_step=4, threshold=0.8)
+    # r0 = 0, r* = 1.0 (fast's final seed mean), target 0.8: fast's mean curve [0, 0.8, 1.0] hits it at step 2
+    assert s["_reference"] == pytest.approx({"r0": 0.0, "best_final": 1.0, "target": 0.8})
+    assert s["fast"]["episodes_to_threshold"] == 8 and s["slow"]["episodes_to_threshold"] is None
+    assert s["fast"]["auc_reward"][0] == pytest.approx((1.6 / 3 + 2.0 / 3) / 2)
+    assert s["slow"]["final_reward"] == pytest.approx((0.3, 0.1414213), rel=1e-5)  # mean, sample std
+    assert s["fast"]["train_s"] == (6.0, 0.0) and s["fast"]["tokens"] == (30.0, 0.0)
+    flat = summarize_runs([_record("a", 0, [0.5, 0.4])], [Variant("a", "a")], per_step=4, threshold=0.8)
+    assert flat["a"]["episodes_to_threshold"] is None  # nothing improved on r0: no efficiency to report
