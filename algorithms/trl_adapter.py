@@ -353,6 +353,9 @@ def train_with_trl(env: Any, policy: Any = "smollm2", *, steps: int = 6, num_gen
           (``[row["rollout/reward_mean"] for row in history]``).
         - ``"output_dir"``: ``str``; it holds ``history.json``.
         - ``"policy"``: the trained :class:`TransformersPolicy`; ``"trainer"``: the ``GRPOTrainer``.
+
+    With ``beta`` > 0 (and no PEFT adapter) the KL reference is the policy as given: its weights are
+    saved to ``output_dir/reference_model`` for TRL to load (see the comment in the code).
     """
     import torch
     from transformers import TrainerCallback
@@ -406,8 +409,20 @@ def train_with_trl(env: Any, policy: Any = "smollm2", *, steps: int = 6, num_gen
             step_times[int(state.global_step)] = time.perf_counter() - self.t0
 
     cls = trainer_class or GRPOTrainer
-    trainer = cls(model=policy.model, reward_funcs=[episode_reward, *reward_funcs], args=args, train_dataset=dataset,
-                  processing_class=policy.tokenizer, rollout_func=rollout, callbacks=[_StepTimer()])
+    model = policy.model
+    name_or_path = getattr(model.config, "_name_or_path", "")
+    if args.beta != 0.0 and not hasattr(model, "peft_config"):
+        # GRPOTrainer builds the KL reference of a model *instance* by reloading model.config._name_or_path,
+        # which is empty for a model built in memory (tiny-random) and holds the original weights, not the
+        # ones we start from, for a model trained before. Point it at a copy of the starting weights.
+        reference = out / "reference_model"
+        model.save_pretrained(reference)
+        model.config._name_or_path = str(reference)
+    try:
+        trainer = cls(model=model, reward_funcs=[episode_reward, *reward_funcs], args=args, train_dataset=dataset,
+                      processing_class=policy.tokenizer, rollout_func=rollout, callbacks=[_StepTimer()])
+    finally:
+        model.config._name_or_path = name_or_path
     try:
         trainer.train()
     finally:

@@ -33,13 +33,18 @@ Every side gets the same tasks and the same scripted action strings; only the en
     hits served from a dict filled before timing: retrieval cost ~0, so only env overhead is left).
 
 Timing: ``time.perf_counter`` around each reset/step call only (building actions, looking tasks up and
-the loop are outside). Sides run in blocks of ``--episodes`` episodes, interleaved (the order rotates
-every repeat), after one untimed warm-up block each; medians over ``--repeats`` blocks. Every block
-uses tasks no earlier block used (no cache of ours or theirs sees a task twice); within a block all
-sides get the same tasks (GEM's ``QaEnv`` always shuffles its dataset, so there each block is an
-equally sized slice of its own permutation of the same questions). Reported per
-side: µs per step including reset (``(reset + step time) / steps``; for single-step math this is
-per episode), µs per ``step`` call alone, steps/s, and ``peer / ours`` time ratios (> 1: ours faster).
+the loop are outside). Sides run in blocks of ``--math-episodes`` / ``--search-episodes`` episodes,
+interleaved (the order rotates every round), after one untimed warm-up block each; medians over
+``--repeats`` rounds. Every block uses tasks no earlier block used, so no memo sees a task twice
+(our two math variants play the same block; ``parse_number``'s memo is emptied before each of their
+blocks); within a block all sides get the same tasks (GEM's ``QaEnv`` always shuffles its dataset,
+so there each block is an equally sized slice of its own permutation of the same questions).
+Reported per side: µs per step including reset (``(reset + step time) / steps``; for single-step
+math this is per episode), µs per ``step`` call alone, steps/s, and ``peer_over_ours``: this side's
+time / each of our variants' time in the same round, median over rounds (> 1: ours is faster).
+
+``--sides ours`` runs our envs alone (no peers needed): an A/B of two agentgym versions is this
+script run with each version's interpreter, alternately (see benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -316,13 +321,16 @@ def interleaved(sides: list[Side], blocks_of_tasks: list[list[dict[str, Any]]], 
     return blocks
 
 
-def summarize(blocks: dict[str, list[Block]], ours: str) -> dict[str, Any]:
+def summarize(blocks: dict[str, list[Block]]) -> dict[str, Any]:
+    """Medians over rounds per side, and for every side its time / each of our variants' time in the
+    same round (``peer_over_ours``; > 1: ours is faster), median over rounds."""
     def us_total(b: Block) -> float:
         return 1e6 * (b["reset_s"] + b["step_s"]) / b["steps"]
 
     def us_step(b: Block) -> float:
         return 1e6 * b["step_s"] / b["steps"]
 
+    ours = [n for n in blocks if n.startswith("agentgym")]
     out = {}
     for name, bl in blocks.items():
         tot = statistics.median(us_total(b) for b in bl)
@@ -333,21 +341,27 @@ def summarize(blocks: dict[str, list[Block]], ours: str) -> dict[str, Any]:
             "steps_per_s_incl_reset": 1e6 / tot,
             "steps_per_episode": bl[0]["steps"] / bl[0]["episodes"],
             "mean_return": bl[0]["reward_sum"] / bl[0]["episodes"],
-            # peer time / our time in the same round (> 1: ours is faster); median over rounds
-            "ratio_vs_ours_incl_reset": statistics.median(us_total(b) / us_total(o) for b, o in zip(bl, blocks[ours])),
-            "ratio_vs_ours_step_call": statistics.median(us_step(b) / us_step(o) for b, o in zip(bl, blocks[ours])),
+            "peer_over_ours": {o: {"incl_reset": statistics.median(us_total(b) / us_total(a) for b, a in zip(bl, blocks[o])),
+                                   "step_call": statistics.median(us_step(b) / us_step(a) for b, a in zip(bl, blocks[o]))}
+                               for o in ours},
             "raw_us_per_step_incl_reset": [round(us_total(b), 2) for b in bl],
+            "raw_us_per_step_call": [round(us_step(b), 2) for b in bl],
         }
     return out
 
 
 def print_table(title: str, summary: dict[str, Any]) -> None:
-    print(f"\n{title}")
-    print(f"{'side':44s} {'us/step+reset':>13s} {'us/step()':>10s} {'steps/s':>9s} {'peer/ours':>9s} {'(step())':>9s} {'return':>7s}")
+    ours = list(next(iter(summary.values()))["peer_over_ours"])
+    print(f"\n{title}\n(x/ours k = this side's time / our variant k's time, same round, median; > 1: ours faster)")
+    head = "".join(f" {'x/ours ' + str(k + 1):>10s} {'(step())':>9s}" for k in range(len(ours)))
+    print(f"{'side':44s} {'us/step+reset':>13s} {'us/step()':>10s} {'steps/s':>9s}{head} {'return':>7s}")
     for name, s in summary.items():
+        ratios = "".join(f" {s['peer_over_ours'][o]['incl_reset']:10.2f} {s['peer_over_ours'][o]['step_call']:9.2f}"
+                         for o in ours)
         print(f"{name:44s} {s['us_per_step_incl_reset']:13.1f} {s['us_per_step_call']:10.1f} "
-              f"{s['steps_per_s_incl_reset']:9.0f} {s['ratio_vs_ours_incl_reset']:9.2f} "
-              f"{s['ratio_vs_ours_step_call']:9.2f} {s['mean_return']:7.2f}")
+              f"{s['steps_per_s_incl_reset']:9.0f}{ratios} {s['mean_return']:7.2f}")
+    for k, o in enumerate(ours):
+        print(f"  ours {k + 1} = {o}")
 
 
 def wanted_packages(sides: str) -> set[str]:
@@ -404,7 +418,7 @@ def main() -> None:
     blocks = interleaved(sides, chunks, "math")
     for s in sides:
         s.close()
-    results["math"] = summarize(blocks, sides[0].name)
+    results["math"] = summarize(blocks)
     print_table(f"(a) single-step math, {args.math_episodes} episodes x {args.repeats} blocks", results["math"])
 
     # (b) search
@@ -426,7 +440,7 @@ def main() -> None:
         if "skyrl" in want:
             sides.append(SkySearch(retriever, args.topk))
         blocks = interleaved(sides, chunks, f"search/{kind}")
-        results[f"search_{kind}"] = summarize(blocks, sides[0].name)
+        results[f"search_{kind}"] = summarize(blocks)
         print_table(f"(b) search ({kind} retriever), {args.search_episodes} episodes x {args.repeats} blocks",
                     results[f"search_{kind}"])
 

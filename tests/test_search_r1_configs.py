@@ -134,6 +134,7 @@ def test_env_kwargs_defaults_belong_to_the_default_env(tmp_path):
         load_config(TrainConfig, None, ["learner_lr=1"])
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # stepped by hand, no update
 def test_critic_has_its_own_warmup():
     policy = TransformersPolicy.tiny_random(cached_tokenizer(), seed=3)
     cfg = LearnerConfig(lr=1e-3, critic_lr=1e-2, warmup_ratio=0.5, critic_warmup_ratio=0.0, total_steps=8)
@@ -156,3 +157,31 @@ def test_train_config_dtype(tmp_path):
         Trainer(TrainConfig(dtype="float33", output_dir=str(tmp_path / "a"), tensorboard=False))
     trainer = Trainer(TrainConfig(dtype="bfloat16", device="cpu", output_dir=str(tmp_path / "b"), tensorboard=False))
     assert next(trainer.policy.model.parameters()).dtype == torch.bfloat16
+
+
+# ----------------------------------------------------------------------------- per-dataset evaluation
+def test_evaluate_reports_em_per_dataset(tmp_path, capsys):
+    """benchmarks/search_r1/evaluate.py end to end with the env's scripted oracle (searches, then answers
+    gold) and an in-process dense index: every dataset's EM is 1, the average is over datasets."""
+    import importlib.util
+    import json
+
+    from agentgym.envs.searchqa.data import save_corpus_jsonl
+    spec = importlib.util.spec_from_file_location("sr1_evaluate", CONFIGS.parent / "evaluate.py")
+    evaluate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evaluate)
+    corpus, train, _ = bundled_dataset(0, "small")
+    rows = (to_search_r1_rows(train[:3], "nq", "test", make_search_r1_prompt)
+            + to_search_r1_rows(train[3:8], "hotpotqa", "test", make_search_r1_prompt))
+    parquet = save_search_r1_parquet(rows, tmp_path / "test.parquet")
+    corpus_file = save_corpus_jsonl(corpus, tmp_path / "corpus.jsonl")
+    out = tmp_path / "em.json"
+    assert evaluate.main(["--model", "oracle", "--questions", str(parquet), "--retriever", "dense",
+                          "--corpus", str(corpus_file), "--datasets", "hotpotqa,nq", "--limit", "4",
+                          "--batch-size", "3", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["per_dataset"] == {"hotpotqa": {"em": 1.0, "n": 4}, "nq": {"em": 1.0, "n": 3}}
+    assert result["average_em"] == 1.0 and len(result["per_question"]) == 7
+    assert "| hotpotqa | 4 | 1.000 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no rows with data_source"):
+        evaluate.main(["--model", "oracle", "--questions", str(parquet), "--datasets", "popqa"])

@@ -2,10 +2,11 @@
 
 One short real run (a tiny random Llama with the SmolLM2 tokenizer, 2 steps on the CPU, Arithmetic-v0
 with two turns, so every completion holds environment tokens between policy turns) is shared by the
-tests. A GRPOTrainer subclass records what TRL's loss sees: the mask it multiplies the per-token loss
-with, and the gradients of the per-token log-probs and of the final hidden states (the logits are a
-linear function of those; TRL's fused LM head never materialises logits). The env-token masking is
-checked on those, not assumed.
+tests (with a KL term, beta > 0, so the reference-model path is covered too). A GRPOTrainer subclass
+records what TRL's loss sees: the mask it multiplies the per-token loss (policy term + KL) with, and
+the gradients of the per-token log-probs and of the final hidden states (the logits are a linear
+function of those; TRL's fused LM head never materialises logits). The env-token masking is checked
+on those, not assumed.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def run(tmp_path_factory):
     policy = TransformersPolicy.tiny_random(cached_tokenizer(), seed=0)
     before = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
     out = train_with_trl(ENV, policy, steps=2, num_generations=2, prompts_per_step=2, env_kwargs=ENV_KWARGS,
-                         max_new_tokens=6, temperature=TEMPERATURE, learning_rate=1e-3, seed=0,
+                         max_new_tokens=6, temperature=TEMPERATURE, learning_rate=1e-3, beta=0.04, seed=0,
                          output_dir=tmp_path_factory.mktemp("trl"), reward_funcs=[first_action_chars],
                          debug_checks=True, trainer_class=_capturing_trainer_class())
     out["weights_before"] = before
@@ -138,6 +139,10 @@ def test_train_with_trl_runs_and_reports_per_step_rewards(run):
     # TRL's optimizer changed the policy's weights (the same module the episodes are sampled from)
     after = run["policy"].model.state_dict()
     assert any(not torch.equal(v, after[k]) for k, v in run["weights_before"].items())
+    # the KL reference (beta > 0) is the policy as it was given, not whatever its config's path names
+    reference = trainer.accelerator.unwrap_model(trainer.ref_model).state_dict()
+    assert all(torch.equal(v, reference[k]) for k, v in run["weights_before"].items())
+    assert "train/kl" in history[-1]
 
 
 def test_trl_loss_is_zero_exactly_on_env_tokens(run):
@@ -189,10 +194,20 @@ def test_rollout_func_output_is_the_episode_token_for_token(run):
         assert out["env_task_index"][i] == t.task_index == rows[prompt_key(prompts[i])]
         assert out["env_reward"][i] == t.total_reward
         assert_faithful(t, tok, "chat")       # the ids decode to exactly the rendered episode
-        text = tok.decode(c, skip_special_tokens=False)
-        pos = 0                                # actions and observations appear in the completion, in order
-        for m in t.messages[len(prompts[i]):]:
-            pos = text.index(m["content"], pos) + len(m["content"])
+        # read from the rollout output alone: the env_mask=1 runs decode to the actions the env received,
+        # the env_mask=0 runs hold the observations, in order
+        runs, start = [], 0
+        for j in range(1, len(c) + 1):
+            if j == len(c) or out["env_mask"][i][j] != out["env_mask"][i][start]:
+                runs.append((out["env_mask"][i][start], c[start:j]))
+                start = j
+        assert [tok.decode(ids, skip_special_tokens=True) for m, ids in runs if m == 1] == t.actions
+        env_text = "".join(tok.decode(ids, skip_special_tokens=False) for m, ids in runs if m == 0)
+        observations = [m["content"] for m in t.messages[len(prompts[i]):] if m["role"] != "assistant"]
+        assert observations and len(runs) == 2 * len(t.actions) - 1
+        pos = 0
+        for content in observations:
+            pos = env_text.index(content, pos) + len(content)
     assert episode_reward([None] * 4, trajectory=trajs, task_index=[rows[prompt_key(p)] for p in prompts],
                           env_task_index=out["env_task_index"]) == out["env_reward"]
     with pytest.raises(AssertionError, match="other tasks"):
