@@ -434,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_dpo)
 
     p = sub.add_parser("compare", help="compare learners (or variants of one) on one env: same tasks, seeds, budget")
-    p.add_argument("--env", default=None, help="env id (default: the config's, Arithmetic-v0)")
+    p.add_argument("--env", default=None, help="env id (default: the config's; without --config, agentgym train's default)")
     p.add_argument("--algos", default="reinforce,ppo,grpo",
                    help="comma-separated ALGO[:key=value[:key=value]] (reinforce, ppo, grpo, trl-grpo), "
                         "e.g. grpo,grpo:mask_env_tokens=false")

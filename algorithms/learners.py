@@ -228,8 +228,7 @@ class Learner:
         if cfg.gradient_checkpointing:
             _enable_checkpointing(self.model)
         self.device = next(self.model.parameters()).device
-        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=cfg.lr, betas=cfg.betas,
-                                           weight_decay=cfg.weight_decay)
+        self.optimizer = _adamw(self._param_groups(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_ratio * (cfg.total_steps or 0))
         self.warmup_steps = int(warmup)
         self.critic_warmup_steps = (self.warmup_steps if cfg.critic_warmup_ratio is None
@@ -489,6 +488,19 @@ class Learner:
         if not norms:
             return 0.0
         return norms[0] if all(math.isfinite(n) for n in norms) else float("nan")
+
+
+def _adamw(param_groups: list[dict[str, Any]], **kwargs: Any) -> torch.optim.AdamW:
+    """AdamW with torch's fused kernel when every parameter is a CPU or CUDA float tensor (one kernel per
+    step instead of a Python loop over the tensors: the optimizer step of a 135M-parameter model on CPU
+    took ~40 % less time, see benchmarks/RESULTS.md), else torch's default implementation."""
+    params = [p for g in param_groups for p in g["params"]]
+    if params and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params):
+        try:
+            return torch.optim.AdamW(param_groups, fused=True, **kwargs)
+        except (RuntimeError, ValueError):  # a torch without the fused kernel for this device/dtype
+            pass
+    return torch.optim.AdamW(param_groups, **kwargs)
 
 
 def _is_peft(model: nn.Module) -> bool:

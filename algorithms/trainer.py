@@ -34,7 +34,7 @@ __all__ = ["TrainConfig", "SamplingConfig", "EvalConfig", "train", "Trainer", "r
 
 @dataclass
 class SamplingConfig:
-    max_new_tokens: int = 40
+    max_new_tokens: int = 48
     temperature: float = 1.0
     top_p: float = 1.0
 
@@ -42,18 +42,26 @@ class SamplingConfig:
 @dataclass
 class EvalConfig:
     every: int = 0                  # steps between evals (0: only before and after training)
-    episodes: int = 8
+    episodes: int = 16
     env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
     first_task: int = 0             # the same held-out tasks at every eval
 
 
 @dataclass
 class TrainConfig:
-    """Everything a run needs. Defaults: the README's main job (a short CPU run)."""
-    env: str = "Arithmetic-v0"
+    """Everything a run needs. Defaults: the README's main job (a short CPU run).
+
+    The default task is ``Math-v0`` at its warm-up level (one operation on numbers up to 20,
+    single turn, answer read from ``\\boxed{}``, an "answer is" phrase or the last number): the
+    untrained SmolLM2-135M solves about a third of these when sampling, so the rewards inside a
+    GRPO group differ and every step has a learning signal. (On ``Arithmetic-v0`` it never writes
+    the ``<answer>`` tag, every reward in a group is equal and GRPO's advantages are exactly zero.)
+    """
+    env: str = "Math-v0"
     # the default env's arguments: a config that picks another env starts from {} (see load_config)
-    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"hard_fraction": 0.0, "max_turns": 2},
-                                       metadata={"defaults_belong_to": "env"})
+    env_kwargs: dict[str, Any] = field(
+        default_factory=lambda: {"kinds": ["arithmetic"], "difficulty": 0, "max_turns": 1},
+        metadata={"defaults_belong_to": "env"})
     model: str = "smollm2"
     algo: str = "grpo"
     steps: int = 6

@@ -141,3 +141,17 @@ def test_summary_definitions_by_hand():
     assert s["fast"]["train_s"] == (6.0, 0.0) and s["fast"]["tokens"] == (30.0, 0.0)
     flat = summarize_runs([_record("a", 0, [0.5, 0.4])], [Variant("a", "a")], per_step=4, threshold=0.8)
     assert flat["a"]["episodes_to_threshold"] is None  # nothing improved on r0: no efficiency to report
+
+
+@pytest.mark.slow
+def test_trl_grpo_runs_with_the_same_budget(tmp_path):
+    """TRL's GRPOTrainer as one more algo (opt-in: importing and starting TRL takes ~30 s here)."""
+    pytest.importorskip("trl")
+    out = tmp_path / "cmp"
+    result = cmp.compare("grpo,trl-grpo", 1, 2, env="Arithmetic-v0", overrides=TINY, out_dir=out)
+    with (out / "compare.csv").open() as f:
+        train = [r for r in csv.DictReader(f) if r["phase"] == "train"]
+    assert sorted((r["algo"], r["step"], r["episodes"]) for r in train) == [
+        ("grpo", "1", "4"), ("grpo", "2", "8"), ("trl-grpo", "1", "4"), ("trl-grpo", "2", "8")]
+    assert result["same_tasks"] == "yes (not recorded for trl-grpo)"
+    assert result["summary"]["trl-grpo"]["eval_success_after"][0] >= 0.0

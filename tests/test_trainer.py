@@ -17,7 +17,7 @@ from agentgym.config import ConfigError, load_config
 
 TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4",
         "eval.episodes=2", "learner.total_steps=4", "learner.lr=1e-3", "learner.micro_batch_size=4",
-        "tensorboard=false", "env_kwargs={hard_fraction: 0.0, max_turns: 2}"]
+        "tensorboard=false", "env=Arithmetic-v0", "env_kwargs={hard_fraction: 0.0, max_turns: 2}"]
 
 
 def _run(out: Path, *extra: str, resume: bool = False, wait_for: Path | None = None) -> subprocess.CompletedProcess | None:
@@ -47,7 +47,7 @@ def _rows(out: Path) -> list[dict[str, str]]:
 
 def test_config_defaults_yaml_and_overrides(tmp_path):
     cfg = load_config(TrainConfig)
-    assert cfg.env == "Arithmetic-v0" and cfg.model == "smollm2" and cfg.algo == "grpo"
+    assert cfg.env == "Math-v0" and cfg.env_kwargs["difficulty"] == 0 and cfg.model == "smollm2" and cfg.algo == "grpo"
     y = tmp_path / "run.yaml"
     y.write_text("algo: ppo\nsteps: 3\nlearner:\n  lr: 2.0e-5\n  kl_coef: 0.001\n")
     cfg = load_config(TrainConfig, y, ["learner.lr=3e-5", "sampling.temperature=0.7"])
