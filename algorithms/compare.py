@@ -238,7 +238,8 @@ def run_trl_grpo(cfg: TrainConfig, policy: Any | None = None, log: Callable[[str
     evaluator = RolloutEngine(policy, rollout_config(cfg, greedy=True))  # reads policy.model at every call
     try:
         before, _ = held_out_eval(evaluator, cfg)
-        log(f"[eval before @ step 0] success {before['eval/success_rate']:.3f}  reward {before['eval/reward_mean']:+.3f}")
+        log(f"[eval before @ step 0] success {before['eval/success_rate']:.3f}  "
+            f"reward {before['eval/reward_mean']:+.3f}")
         total, micro = cfg.groups_per_step * cfg.group_size, cfg.learner.micro_batch_size
         result = train_with_trl(
             cfg.env, policy, steps=cfg.steps, num_generations=cfg.group_size, prompts_per_step=cfg.groups_per_step,
@@ -248,7 +249,8 @@ def run_trl_grpo(cfg: TrainConfig, policy: Any | None = None, log: Callable[[str
             temperature=cfg.sampling.temperature, beta=cfg.learner.kl_coef, seed=cfg.seed,
             output_dir=cfg.output_dir, trl_args={"top_p": cfg.sampling.top_p}, debug_checks=cfg.debug_checks)
         after, _ = held_out_eval(evaluator, cfg)
-        log(f"[eval after @ step {cfg.steps}] success {after['eval/success_rate']:.3f}  reward {after['eval/reward_mean']:+.3f}")
+        log(f"[eval after @ step {cfg.steps}] success {after['eval/success_rate']:.3f}  "
+            f"reward {after['eval/reward_mean']:+.3f}")
     finally:
         evaluator.close()
     return {"history": result["history"], "before": before, "after": after, "output_dir": cfg.output_dir}
@@ -358,7 +360,7 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
 
     check = _check_same_tasks(records)
     summary = summarize_runs(records, variants, per_step, threshold)
-    paths = {"csv": out / "compare.csv", "png": out / "compare.png", "md": out / "compare.md", "json": out / "compare.json"}
+    paths = {ext: out / f"compare.{ext}" for ext in ("csv", "png", "md", "json")}
     write_csv(records, per_step, paths["csv"])
     plot_comparison(records, variants, per_step, paths["png"], title=f"{base.env} · {base.model} · {len(seeds)} seeds")
     paths["md"].write_text(markdown_table(summary, base, seeds, steps, per_step, threshold, check))

@@ -59,7 +59,7 @@ import statistics
 import tempfile
 import time
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -191,12 +191,21 @@ class TRLSide:
 
 
 def trl_tokenizer(vocab: int) -> Any:
-    """TRL's trainer wants a processing class; the SmolLM2 tokenizer (our test tokenizer) when it is there."""
-    from agentgym.policies.models import load_tokenizer
-    tok = load_tokenizer()
-    if len(tok) > vocab:
-        raise RuntimeError(f"tokenizer has {len(tok)} tokens > model vocab {vocab}")
-    return tok
+    """TRL's trainer wants a processing class (it reads only the pad/EOS ids here: the completions are
+    given). The SmolLM2 tokenizer when it loads, else a two-token tokenizer built in memory (GPU
+    machines have neither the packaged model nor a hub)."""
+    try:
+        from agentgym.policies.models import load_tokenizer
+        tok = load_tokenizer()
+        if len(tok) <= vocab:
+            return tok
+    except Exception as e:  # noqa: BLE001 - any reason the packaged tokenizer is unavailable
+        print(f"[learner] SmolLM2 tokenizer unavailable ({type(e).__name__}: {e}); using a minimal one")
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"<pad>": 0, "<eos>": 1}, unk_token="<pad>")),
+                                   pad_token="<pad>", eos_token="<eos>")
 
 
 # --------------------------------------------------------------------------- decode

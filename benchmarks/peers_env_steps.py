@@ -56,7 +56,7 @@ import os
 import platform
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
