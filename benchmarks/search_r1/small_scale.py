@@ -127,11 +127,11 @@ def run_rl(policy: Any, cfg: Any, mask: bool, runs_dir: Path, before: dict[str, 
             "output_dir": result["output_dir"]}, wall
 
 
-def plot_rl_curves(runs: dict[str, dict], path: Path) -> None:
+def plot_rl_curves(runs: dict[str, dict], path: Path, episodes_per_step: int) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = [("rollout/reward_mean", "rollout reward (mean of 16 episodes)"),
+    panels = [("rollout/reward_mean", f"rollout reward (mean of {episodes_per_step} episodes)"),
               ("rollout/success_rate", "rollout EM"), ("train/entropy", "entropy (loss tokens)"),
               ("train/kl", "KL to the start (low_var_kl)")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
+    from agentgym.config import to_dict
     from agentgym.policies.transformers_policy import TransformersPolicy
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"RL {name}: GRPO {cfg.steps} steps")
         policy.model.load_state_dict(start_weights)
         runs[name], timings[f"rl_{name}"] = run_rl(policy, cfg, mask, runs_dir, before)
-        before = {"tag": "before", **runs["masked"]["before"]}   # the unmasked run starts from the same weights
+        before = runs["masked"]["before"]   # the unmasked run starts from the same weights: reuse its step-0 eval
         log(f"  EM before {runs[name]['before']['eval/success_rate']:.3f} -> after "
             f"{runs[name]['after']['eval/success_rate']:.3f} ({timings[f'rl_{name}']:.0f} s)")
 
@@ -212,23 +213,18 @@ def main(argv: list[str] | None = None) -> int:
                         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                         "load_average_start": load_start, "load_average_end": os.getloadavg()},
             "wall_s": {**timings, "total": time.perf_counter() - t_start}}
-    result = {"meta": meta, "config": json.loads(json.dumps(_to_plain(cfg))), "table": rows,
+    result = {"meta": meta, "config": to_dict(cfg), "table": rows,
               "masked_minus_unmasked_em": em_c - em_d,
               # one question moves EM by 1/n; with n questions, a difference below ~2/sqrt(n) is within noise
               "em_resolution": 1.0 / n, "baselines": metrics,
               "rl": runs}
     (out / "small_scale.json").write_text(json.dumps(result, indent=1, default=float))
     (out / "small_scale.md").write_text(markdown_table(rows, meta))
-    plot_rl_curves(runs, out / "small_scale_rl_curves.png")
+    plot_rl_curves(runs, out / "small_scale_rl_curves.png", cfg.groups_per_step * cfg.group_size)
     log(f"wrote {out / 'small_scale.json'}, small_scale.md, small_scale_rl_curves.png "
         f"(total {meta['wall_s']['total'] / 60:.1f} min)")
     print(markdown_table(rows, meta))
     return 0
-
-
-def _to_plain(cfg: Any) -> Any:
-    from agentgym.config import to_dict
-    return to_dict(cfg)
 
 
 if __name__ == "__main__":
