@@ -64,7 +64,7 @@ class TrainConfig:
         metadata={"defaults_belong_to": "env"})
     model: str = "smollm2"
     algo: str = "grpo"
-    steps: int = 6
+    steps: int = 12
     groups_per_step: int = 4
     group_size: int = 4
     seed: int = 0
