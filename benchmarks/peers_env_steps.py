@@ -105,6 +105,26 @@ def _block(reset_s: float, step_s: float, steps: int, episodes: int, reward: flo
     return {"reset_s": reset_s, "step_s": step_s, "steps": steps, "episodes": episodes, "reward_sum": reward}
 
 
+def _play(step: Any, actions: Any, outcome: Any) -> tuple[float, float, int]:
+    """Step through scripted ``actions`` until done; only ``step(a)`` itself is timed. ``outcome``
+    reads (reward, done) from what ``step`` returned. Returns (step seconds, reward sum, steps)."""
+    pc, step_s, reward, steps = time.perf_counter, 0.0, 0.0, 0
+    for a in actions:
+        t0 = pc()
+        out = step(a)
+        step_s += pc() - t0
+        r, done = outcome(out)
+        reward += r
+        steps += 1
+        if done:
+            break
+    return step_s, reward, steps
+
+
+def _gym_outcome(out: tuple) -> tuple[float, bool]:
+    return out[1], out[2] or out[3]
+
+
 def math_action(task: dict[str, Any]) -> str:
     gold = task["answer"]
     return ("<think>\n" + "\n".join(task["steps"]) + f"\n</think>\nThe final answer is \\boxed{{{gold}}}.\n"
@@ -208,16 +228,9 @@ class OursSearch(Side):
         for t in tasks:
             t0 = pc()
             self.env.reset(options={"task_index": t["index"]})
-            t1 = pc()
-            r_s += t1 - t0
-            for a in t["actions"]:
-                t0 = pc()
-                _, r, term, trunc, _ = self.env.step(a)
-                s_s += pc() - t0
-                rew += r
-                steps += 1
-                if term or trunc:
-                    break
+            r_s += pc() - t0
+            ds, dr, dn = _play(self.env.step, t["actions"], _gym_outcome)
+            s_s, rew, steps = s_s + ds, rew + dr, steps + dn
         return _block(r_s, s_s, steps, len(tasks), rew)
 
 
@@ -249,16 +262,9 @@ class GemSearch(Side):
         for _ in tasks:
             t0 = pc()
             self.env.reset()
-            t1 = pc()
-            r_s += t1 - t0
-            for a in self.actions[self.env.env.first_obs]:
-                t0 = pc()
-                _, r, term, trunc, _ = self.env.step(a)
-                s_s += pc() - t0
-                rew += r
-                steps += 1
-                if term or trunc:
-                    break
+            r_s += pc() - t0
+            ds, dr, dn = _play(self.env.step, self.actions[self.env.env.first_obs], _gym_outcome)
+            s_s, rew, steps = s_s + ds, rew + dr, steps + dn
         return _block(r_s, s_s, steps, len(tasks), rew)
 
 
@@ -288,16 +294,9 @@ class SkySearch(Side):
             t0 = pc()
             env = self.make("search", env_config=self.config, extras=extras)
             env.init(prompt)
-            t1 = pc()
-            r_s += t1 - t0
-            for a in t["actions"]:
-                t0 = pc()
-                out = env.step(a)
-                s_s += pc() - t0
-                rew += out["reward"]
-                steps += 1
-                if out["done"]:
-                    break
+            r_s += pc() - t0
+            ds, dr, dn = _play(env.step, t["actions"], lambda out: (out["reward"], out["done"]))
+            s_s, rew, steps = s_s + ds, rew + dr, steps + dn
             env.close()
         return _block(r_s, s_s, steps, len(tasks), rew)
 
