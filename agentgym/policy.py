@@ -34,12 +34,24 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        import math
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.greedy and self.temperature <= 0:
-            raise ValueError("temperature must be > 0 when sampling (use greedy=True for argmax)")
+        if not math.isfinite(self.temperature) or (not self.greedy and self.temperature <= 0):
+            raise ValueError(f"temperature must be a finite number > 0 when sampling (use greedy=True for argmax), "
+                             f"got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature of the returned log-probs: ``temperature``, or 1 for greedy decoding."""
+        return 1.0 if self.greedy else float(self.temperature)
 
     def replace(self, **changes: Any) -> "SamplingParams":
         from dataclasses import replace

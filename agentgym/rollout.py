@@ -1,15 +1,30 @@
-"""The rollout engine: many episodes at once, one batched ``generate`` per turn.
+"""The rollout engine: many episodes at once, batched generation, env steps in a thread pool.
 
-Per turn, every active episode's ids go to the policy in one call; env steps then run
-concurrently in a thread pool (tools and retrievers are I/O-bound); finished episodes drop out
-while the others continue. Groups repeat one task ``group_size`` times (GRPO).
+Two schedules produce the same trajectories (``RolloutConfig.mode``):
+
+* ``async`` — episodes advance independently. The engine's loop gathers every episode that is
+  waiting for its next turn, calls the policy once on that batch, and hands each reply to a worker
+  thread that steps that episode's env; as soon as a step returns, the episode waits for the next
+  batch. Env steps (tools, retrieval, sandboxes: slow, I/O-bound) overlap with generation for
+  other episodes, so a slow tool holds up only its own episode (continuous batching at the level
+  of ``generate`` calls).
+* ``lockstep`` — turn by turn: one ``generate`` call for every active episode, then all their env
+  steps; the next turn starts when the slowest step has returned. Easy to follow when debugging.
+
+Two policy paths (:class:`TokenTurns`, :class:`ChatTurns`): token-level policies (``generate`` on
+token ids, with a tokenizer) yield token-faithful trajectories; chat-level policies (``respond`` on
+messages, e.g. an OpenAI-compatible endpoint) yield messages and rewards only. Groups repeat one
+task ``group_size`` times (GRPO). Env settings (``stop_strings``, ``observation_style``,
+``tool_specs``, ``num_tasks``) are read through the wrapper stack (``env.get_wrapper_attr``), so a
+wrapper can change them.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import inspect
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -17,15 +32,23 @@ import gymnasium as gym
 import numpy as np
 
 from agentgym.formatting import Formatter, make_formatter
-from agentgym.policy import SamplingParams
+from agentgym.policy import Generation, SamplingParams
 from agentgym.trajectory import Trajectory, TrajectoryBuilder, check_trajectory
 
-__all__ = ["RolloutConfig", "RolloutBatch", "RolloutEngine", "summarize", "summarize_std", "episode_values"]
+__all__ = ["RolloutConfig", "RolloutViews", "ROLLOUT_ALIASES", "RolloutBatch", "RolloutEngine", "TokenTurns", "ChatTurns",
+           "env_attr", "summarize", "summarize_std", "episode_values"]
+
+ROLLOUT_MODES = ("async", "lockstep")
 
 
 @dataclass
 class RolloutConfig:
-    """Settings of the rollout engine.
+    """Settings of the rollout engine — the one place sampling and token layout live.
+
+    ``TrainConfig.rollout``, ``EvalRunConfig.rollout``, the SFT / DPO data collection (``rollout``) and
+    ``agentgym compare`` all nest this class; nothing else stores a temperature. Learners read the
+    temperature from the trajectories (``Trajectory.temperature``), so the log-probs they recompute are
+    always at the temperature the episodes were sampled at.
 
     Attributes:
         sampling: sampling parameters; the env's ``stop_strings`` are added to ``sampling.stop``.
@@ -35,6 +58,26 @@ class RolloutConfig:
         max_context_tokens: an episode whose next turn would not fit ends as truncated.
         env_workers: threads stepping envs concurrently.
         debug_checks: assert the token-faithfulness invariants after every episode.
+        mode: ``async`` (default) or ``lockstep`` — see the module docstring. Async is the default
+            because, measured (``benchmarks/rollout_async.py``, RESULTS.md), it gives the lockstep's
+            trajectories for deterministic policies (greedy, scripted) and is never slower: when env
+            steps are fast it forms the lockstep's batches exactly; when a step is slow only its own
+            episode waits. *Sampling* with ``sampling.seed`` is reproducible in lockstep mode (the
+            seed applies per ``generate`` call, and the calls are the same every run). In async mode
+            it is reproducible whenever the env steps return within the batching window (then the
+            batches are the lockstep's); when they don't, the composition of a batch depends on
+            timing, and so do the sampled tokens — every episode is still a correct sample from the
+            policy, but not bit-for-bit the same run to run. Use ``lockstep`` to debug or to replay.
+        max_concurrent_episodes: at most this many episodes run at once (each holds an env and, on
+            an inference engine, KV cache); ``None`` = every episode of a ``collect`` call. Async
+            starts the next episode as soon as one ends; lockstep runs waves of this size.
+        batch_wait_s: async only — how long episodes that are ready to generate wait for env calls
+            still in flight to join their batch (counted from when each call was submitted). ``None``
+            (default) = adaptive: half the duration of the last ``generate`` call, at least 10 ms;
+            the first batch of a ``collect`` waits for every reset. Waiting costs at most that
+            fraction of a generate call, while splitting a batch costs a whole extra call, so fast
+            env steps always join (the lockstep's batches) and only slow ones are left for the next
+            batch. ``0`` = never wait (pure continuous batching).
     """
     sampling: SamplingParams = field(default_factory=SamplingParams)
     style: str | None = None
@@ -42,6 +85,69 @@ class RolloutConfig:
     max_context_tokens: int = 4096
     env_workers: int = 8
     debug_checks: bool = False
+    mode: str = "async"
+    max_concurrent_episodes: int | None = None
+    batch_wait_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sampling, Mapping):
+            self.sampling = SamplingParams(**self.sampling)
+        if self.style not in (None, "chat", "continuation"):
+            raise ValueError(f"style must be chat, continuation or null (the env's), got {self.style!r}")
+        if self.max_obs_tokens is not None and self.max_obs_tokens < 1:
+            raise ValueError(f"max_obs_tokens must be >= 1 or null (no cut), got {self.max_obs_tokens}")
+        if self.max_context_tokens < 2:
+            raise ValueError(f"max_context_tokens must be >= 2, got {self.max_context_tokens}")
+        if self.env_workers < 1:
+            raise ValueError(f"env_workers must be >= 1, got {self.env_workers}")
+        if self.mode not in ROLLOUT_MODES:
+            raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {self.mode!r}")
+        if self.max_concurrent_episodes is not None and self.max_concurrent_episodes < 1:
+            raise ValueError(f"max_concurrent_episodes must be >= 1 or null (all at once), got {self.max_concurrent_episodes}")
+        if self.batch_wait_s is not None and not self.batch_wait_s >= 0:
+            raise ValueError(f"batch_wait_s must be >= 0 or null (adaptive), got {self.batch_wait_s}")
+
+    def replace(self, **changes: Any) -> "RolloutConfig":
+        from dataclasses import replace
+        return replace(self, **changes)
+
+    def greedy(self) -> "RolloutConfig":
+        """The same layout, greedy decoding (evaluations)."""
+        return self.replace(sampling=self.sampling.replace(greedy=True))
+
+
+#: Short spellings of the rollout settings, accepted by every config that nests a ``RolloutConfig``
+#: as ``rollout`` (``sampling.temperature=0.7`` means ``rollout.sampling.temperature=0.7``).
+ROLLOUT_ALIASES = {"sampling": "rollout.sampling", "style": "rollout.style",
+                   "max_obs_tokens": "rollout.max_obs_tokens", "max_context_tokens": "rollout.max_context_tokens",
+                   "debug_checks": "rollout.debug_checks", "env_workers": "rollout.env_workers",
+                   "max_concurrent_episodes": "rollout.max_concurrent_episodes"}
+
+
+class RolloutViews:
+    """Read-only views of a config's nested ``rollout`` under the short names users type
+    (``cfg.sampling``, ``cfg.style``, …). Views, not copies: the values live in ``cfg.rollout`` only."""
+    rollout: RolloutConfig
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return self.rollout.sampling
+
+    @property
+    def style(self) -> str | None:
+        return self.rollout.style
+
+    @property
+    def max_obs_tokens(self) -> int | None:
+        return self.rollout.max_obs_tokens
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.rollout.max_context_tokens
+
+    @property
+    def debug_checks(self) -> bool:
+        return self.rollout.debug_checks
 
 
 @dataclass
@@ -123,32 +229,246 @@ def summarize_std(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     return {k: float(np.std(v)) for k, v in episode_values(trajectories).items()}
 
 
+# ============================================================================ env settings
+
+def env_attr(env: gym.Env, name: str, default: Any = None) -> Any:
+    """``env.get_wrapper_attr(name)`` — the outermost wrapper defining ``name`` wins, as in
+    Gymnasium — or ``default`` when no layer defines it."""
+    try:
+        return env.get_wrapper_attr(name)
+    except AttributeError:
+        return default
+
+
+def _env_tools(env: gym.Env) -> list[dict[str, Any]] | None:
+    tool_specs = env_attr(env, "tool_specs")
+    return tool_specs() if callable(tool_specs) else None
+
+
+# ============================================================================ episodes and the two policy paths
+
 class _Episode:
-    def __init__(self, slot: int, env: gym.Env, builder: TrajectoryBuilder | None, task: Mapping[str, Any],
-                 task_index: int | None, group_id: int | None):
-        self.slot, self.env, self.builder = slot, env, builder
-        self.task, self.task_index, self.group_id = task, task_index, group_id
+    """One planned episode (its task options and reset seed) and, once started, its state."""
+
+    def __init__(self, index: int, group_id: int | None, options: dict[str, Any], seed: int):
+        self.index, self.group_id, self.options, self.seed = index, group_id, options, seed
+        self.env: gym.Env | None = None
+        self.task: Mapping[str, Any] = {}
+        self.task_index: int | None = None
         self.turn = 0
         self.done = False
         self.traj: Trajectory | None = None
         self.messages: list[dict[str, str]] = []
-        self.reward_log: list[tuple[float, dict[str, float]]] = []  # chat-only policies
-        self.finish_reasons: list[str] = []
+        self.builder: TrajectoryBuilder | None = None                # token path
+        self.reward_log: list[tuple[float, dict[str, float]]] = []   # chat path
+        self.finish_reasons: list[str] = []                          # chat path
 
+
+class TokenTurns:
+    """The token-level path: a policy with ``generate(prompts, sampling)`` and a tokenizer.
+
+    The formatter turns messages into ids append-only and the policy's ids are kept exactly as
+    sampled, so trajectories are token-faithful; an episode whose next turn would not fit
+    ``max_context_tokens`` ends as truncated before it is generated.
+    """
+
+    def __init__(self, policy: Any, config: RolloutConfig, sampling: SamplingParams, formatter: Formatter,
+                 tools: list[dict[str, Any]] | None):
+        self.policy, self.config, self.sampling, self.formatter, self.tools = policy, config, sampling, formatter, tools
+        self.wants_context = bool(getattr(policy, "wants_context", False))
+
+    def start(self, ep: _Episode, obs: list[dict[str, str]]) -> None:
+        # the task prompt is never cut (max_context_tokens bounds it); only step observations are
+        ep.builder = TrajectoryBuilder(self.formatter.prompt_ids(obs, self.tools), obs)
+        ep.messages = [dict(m) for m in obs]
+
+    def fits(self, ep: _Episode) -> bool:
+        return len(ep.builder) + self.sampling.max_new_tokens <= self.config.max_context_tokens
+
+    def generate(self, eps: Sequence[_Episode]) -> list[Generation]:
+        # copies: a policy (or a script keeping its context) must not alias the growing trajectory
+        prompts = [list(ep.builder.token_ids) for ep in eps]
+        if self.wants_context:
+            contexts = [{"turn": ep.turn, "messages": list(ep.messages), "task": ep.task, "prompt_ids": p}
+                        for ep, p in zip(eps, prompts)]
+            return self.policy.generate(prompts, self.sampling, contexts=contexts)
+        return self.policy.generate(prompts, self.sampling)
+
+    def add_turn(self, ep: _Episode, gen: Generation, reward: float, info: Mapping[str, Any]) -> None:
+        ep.turn += 1
+        ep.messages.append({"role": "assistant", "content": gen.text})
+        ep.builder.add_policy(gen.token_ids, gen.logprobs, gen.text, gen.finish_reason)
+        ep.builder.add_step(reward, info.get("reward_terms", {}))
+
+    def add_observation(self, ep: _Episode, gen: Generation, obs: list[dict[str, str]]) -> None:
+        obs, _ = self.formatter.truncate(obs)
+        ep.builder.add_env(self.formatter.observation_ids(gen.token_ids, obs, self.tools), obs)
+        ep.messages.extend(dict(m) for m in obs)
+
+    def build(self, ep: _Episode, summary: dict[str, Any], terminated: bool, truncated: bool,
+              env_name: str | None) -> Trajectory:
+        return ep.builder.build(episode=summary, terminated=terminated, truncated=truncated, group_id=ep.group_id,
+                                task_index=ep.task_index, env_id=env_name,
+                                temperature=self.sampling.logprob_temperature)
+
+    def check(self, trajectories: Sequence[Trajectory]) -> None:
+        for t in trajectories:
+            problems = check_trajectory(t, self.formatter.tokenizer)
+            if problems:
+                raise AssertionError("trajectory invariants violated: " + "; ".join(problems))
+
+
+class ChatTurns:
+    """The chat-level path: a policy with ``respond(conversations, sampling, tools=...)`` (e.g. a
+    hosted model). Trajectories hold messages, actions and rewards but no token data."""
+
+    def __init__(self, policy: Any, sampling: SamplingParams, tools: list[dict[str, Any]] | None):
+        self.policy, self.sampling, self.tools = policy, sampling, tools
+
+    def start(self, ep: _Episode, obs: list[dict[str, str]]) -> None:
+        ep.messages = [dict(m) for m in obs]
+
+    def fits(self, ep: _Episode) -> bool:
+        return True  # the endpoint enforces its own context window
+
+    def generate(self, eps: Sequence[_Episode]) -> list[Generation]:
+        return self.policy.respond([list(ep.messages) for ep in eps], self.sampling, tools=self.tools)
+
+    def add_turn(self, ep: _Episode, gen: Generation, reward: float, info: Mapping[str, Any]) -> None:
+        ep.turn += 1
+        ep.messages.append({"role": "assistant", "content": gen.text})
+        ep.reward_log.append((reward, info.get("reward_terms", {})))
+        ep.finish_reasons.append(gen.finish_reason)
+
+    def add_observation(self, ep: _Episode, gen: Generation, obs: list[dict[str, str]]) -> None:
+        ep.messages.extend(dict(m) for m in obs)
+
+    def build(self, ep: _Episode, summary: dict[str, Any], terminated: bool, truncated: bool,
+              env_name: str | None) -> Trajectory:
+        actions = [m["content"] for m in ep.messages if m["role"] == "assistant"]
+        return Trajectory([], [], [], 0, [], actions, list(ep.finish_reasons),
+                          [r for r, _ in ep.reward_log], [t for _, t in ep.reward_log], list(ep.messages), summary,
+                          terminated, truncated, ep.group_id, ep.task_index, env_name)
+
+    def check(self, trajectories: Sequence[Trajectory]) -> None:
+        pass  # no token data to check
+
+
+def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """Run an env call (in a worker thread) and return its result with its duration."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def _progress_reporter(progress: Callable[..., None] | None) -> Callable[[int, int, int], None] | None:
+    """``progress(finished, total)``, or ``progress(finished, total, tokens=generated)`` when the
+    callback accepts a ``tokens`` keyword (or ``**kwargs``): existing callbacks keep working."""
+    if progress is None:
+        return None
+    try:
+        params = inspect.signature(progress).parameters.values()
+    except (TypeError, ValueError):
+        params = []
+    if any(p.name == "tokens" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return lambda finished, total, tokens: progress(finished, total, tokens=tokens)
+    return lambda finished, total, tokens: progress(finished, total)
+
+
+class _Run:
+    """The state of one ``collect`` call shared by both schedules: what happens when a reset or
+    a step returns, generation, finishing, timings and progress. Everything here runs on the
+    engine's thread (env calls run in workers; their results are handed in)."""
+
+    def __init__(self, turns: TokenTurns | ChatTurns, episodes: list[_Episode], env_name: str | None,
+                 progress: Callable[..., None] | None):
+        self.turns, self.episodes, self.env_name = turns, episodes, env_name
+        self.timing: dict[str, float] = defaultdict(float)
+        self.finished = 0
+        self.tokens = 0
+        self.batch_sizes: list[int] = []
+        self.last_generate_s: float | None = None
+        self._progress = _progress_reporter(progress)
+        self._reported = (0, 0)
+
+    def generate(self, eps: Sequence[_Episode]) -> list[Generation]:
+        t0 = time.perf_counter()
+        gens = self.turns.generate(eps)
+        self.last_generate_s = time.perf_counter() - t0
+        self.timing["generate_s"] += self.last_generate_s
+        if len(gens) != len(eps):
+            raise RuntimeError(f"the policy returned {len(gens)} generations for {len(eps)} prompts")
+        self.batch_sizes.append(len(eps))
+        self.tokens += sum(len(g.token_ids) for g in gens)
+        return gens
+
+    def started(self, ep: _Episode, result: tuple[Any, float]) -> bool:
+        """The reset returned; True if the episode now waits for its first turn."""
+        (obs, info), seconds = result
+        self.timing["env_calls_s"] += seconds
+        t0 = time.perf_counter()
+        ep.task = info.get("privileged", {}).get("task", ep.options.get("task", {}))
+        ep.task_index = info.get("task_index")
+        self.turns.start(ep, obs)
+        self.timing["format_s"] += time.perf_counter() - t0
+        return self._next_turn_fits(ep)
+
+    def stepped(self, ep: _Episode, gen: Generation, result: tuple[Any, float]) -> bool:
+        """The step on ``gen`` returned; True if the episode now waits for its next turn."""
+        (obs, reward, terminated, truncated, info), seconds = result
+        self.timing["env_calls_s"] += seconds
+        t0 = time.perf_counter()
+        try:
+            self.turns.add_turn(ep, gen, reward, info)
+            if terminated or truncated:
+                self.finish(ep, terminated, truncated, info=info)
+                return False
+            self.turns.add_observation(ep, gen, obs)
+        finally:
+            self.timing["format_s"] += time.perf_counter() - t0
+        return self._next_turn_fits(ep)
+
+    def _next_turn_fits(self, ep: _Episode) -> bool:
+        if self.turns.fits(ep):
+            return True
+        self.finish(ep, terminated=False, truncated=True, reason="context_limit")
+        return False
+
+    def finish(self, ep: _Episode, terminated: bool, truncated: bool, info: Mapping[str, Any] | None = None,
+               reason: str | None = None) -> None:
+        ep.done = True
+        summary = dict((info or {}).get("episode_summary", {}))
+        if reason is not None:
+            summary.setdefault("success", False)
+            summary["end_reason"] = reason
+            summary.setdefault("turns", ep.turn)
+        ep.traj = self.turns.build(ep, summary, terminated, truncated, self.env_name)
+        self.finished += 1
+
+    def report(self) -> None:
+        state = (self.finished, self.tokens)
+        if self._progress is not None and state != self._reported:
+            self._reported = state
+            self._progress(self.finished, len(self.episodes), self.tokens)
+
+
+# ============================================================================ the engine
 
 class RolloutEngine:
-    """Collects trajectories from an env id (or env factory) with a token-level policy.
+    """Collects trajectories from an env id (or env factory) with a token-level or chat-level policy.
 
-    A policy with ``generate`` yields token-faithful trajectories; a chat-only policy (``respond``,
-    e.g. a hosted model) yields trajectories with messages and rewards but no token data.
+    A policy with ``generate`` and a tokenizer yields token-faithful trajectories
+    (:class:`TokenTurns`); a chat-only policy (``respond``, e.g. a hosted model) yields trajectories
+    with messages and rewards but no token data (:class:`ChatTurns`). ``config.mode`` picks the
+    schedule (async or lockstep); both give the same trajectories for a deterministic policy.
     """
 
     def __init__(self, policy: Any, config: RolloutConfig | None = None):
         self.policy = policy
         self.config = config or RolloutConfig()
         self.tokenizer = getattr(policy, "tokenizer", None)
-        self._token_level = hasattr(policy, "generate") and self.tokenizer is not None
-        if not self._token_level and not hasattr(policy, "respond"):
+        self.token_level = hasattr(policy, "generate") and self.tokenizer is not None
+        if not self.token_level and not hasattr(policy, "respond"):
             raise TypeError("the policy needs generate(prompts, sampling) with a tokenizer, or respond(conversations, sampling)")
         self._envs: dict[Any, list[gym.Env]] = {}
         self._pool = cf.ThreadPoolExecutor(max_workers=max(1, self.config.env_workers), thread_name_prefix="agentgym-env")
@@ -173,150 +493,153 @@ class RolloutEngine:
         self._pool.shutdown(wait=False)
 
     def formatter_for(self, env: gym.Env) -> Formatter:
-        style = self.config.style or getattr(env.unwrapped, "observation_style", "chat")
+        style = self.config.style or env_attr(env, "observation_style", "chat")
         return make_formatter(style, self.tokenizer, max_obs_tokens=self.config.max_obs_tokens)
+
+    def turns_for(self, env: gym.Env) -> TokenTurns | ChatTurns:
+        """The policy path for episodes of ``env``, with the env's stop strings and tools (read
+        through its wrappers) merged into the configured sampling."""
+        stop = tuple(dict.fromkeys(tuple(self.config.sampling.stop) + tuple(env_attr(env, "stop_strings", ()) or ())))
+        sampling = self.config.sampling.replace(stop=stop)
+        tools = _env_tools(env)
+        if self.token_level:
+            return TokenTurns(self.policy, self.config, sampling, self.formatter_for(env), tools)
+        return ChatTurns(self.policy, sampling, tools)
 
     # ------------------------------------------------------------------ collection
     def collect(self, env: str | Callable[[], gym.Env], *, num_groups: int = 1, group_size: int = 1,
                 task_indices: Sequence[int] | None = None, tasks: Sequence[Mapping[str, Any]] | None = None,
                 seed: int = 0, env_kwargs: Mapping[str, Any] | None = None,
-                progress: Callable[[int, int], None] | None = None) -> RolloutBatch:
+                progress: Callable[..., None] | None = None) -> RolloutBatch:
         """Run ``num_groups × group_size`` episodes (each group shares one task).
 
         Tasks: ``tasks`` (explicit task dicts), else ``task_indices``, else indices drawn from
-        ``seed``. ``progress(finished, total)`` is called as episodes end.
+        ``seed``; reset seeds are drawn from ``seed`` too, in episode order, so both modes reset
+        every episode the same way. ``progress(finished, total)`` is called as episodes end and
+        turns are generated; a callback that accepts a ``tokens`` keyword also gets the number of
+        tokens generated so far. Trajectories come back in episode order (group by group).
         """
         t_start = time.perf_counter()
-        timing = defaultdict(float)
         if tasks is not None:
             num_groups = len(tasks)
         elif task_indices is not None:
             num_groups = len(task_indices)
         n = num_groups * group_size
-        envs = self._get_envs(env, n, dict(env_kwargs or {}))
-        rng = np.random.default_rng(seed)
-        base = envs[0].unwrapped
-        stop = tuple(dict.fromkeys(tuple(self.config.sampling.stop) + tuple(getattr(base, "stop_strings", ()))))
-        sampling = self.config.sampling.replace(stop=stop)
-        formatter = self.formatter_for(envs[0]) if self._token_level else None
-        tools = base.tool_specs() if hasattr(base, "tool_specs") else None
+        limit = min(n, self.config.max_concurrent_episodes or n)
+        envs = self._get_envs(env, max(1, limit), dict(env_kwargs or {}))
+        episodes = self._plan(num_groups, group_size, tasks, task_indices, seed, env_attr(envs[0], "num_tasks"))
+        env_name = env if isinstance(env, str) else getattr(env, "__name__", None)
+        run = _Run(self.turns_for(envs[0]), episodes, env_name, progress)
+        if n:
+            schedule = self._run_async if self.config.mode == "async" else self._run_lockstep
+            schedule(run, envs)
 
-        # reset: one task per group
-        episodes: list[_Episode] = []
+        trajs = [ep.traj for ep in episodes]
+        if self.config.debug_checks:
+            run.turns.check(trajs)
+        metrics = summarize(trajs)
+        wall = time.perf_counter() - t_start
+        for k in ("generate_s", "env_s", "format_s", "env_calls_s"):
+            metrics[f"time/{k}"] = run.timing[k]
+        metrics["time/wall_s"] = wall
+        metrics["time/outside_generate_frac"] = float(1 - run.timing["generate_s"] / wall) if wall else 0.0
+        metrics["rollout/generate_calls"] = float(len(run.batch_sizes))
+        metrics["rollout/batch_size_mean"] = float(np.mean(run.batch_sizes)) if run.batch_sizes else 0.0
+        return RolloutBatch(trajs, metrics)
+
+    @staticmethod
+    def _plan(num_groups: int, group_size: int, tasks: Sequence[Mapping[str, Any]] | None,
+              task_indices: Sequence[int] | None, seed: int, num_tasks: int | None) -> list[_Episode]:
+        """Every episode's task options and reset seed, drawn from ``seed`` in episode order."""
+        rng = np.random.default_rng(seed)
+        episodes = []
         for g in range(num_groups):
             if tasks is not None:
                 options: dict[str, Any] = {"task": dict(tasks[g])}
             else:
-                if task_indices is not None:
-                    idx = int(task_indices[g])
-                else:
-                    high = base.num_tasks if getattr(base, "num_tasks", None) else 2**31 - 1
-                    idx = int(rng.integers(high))
+                idx = int(task_indices[g]) if task_indices is not None else int(rng.integers(num_tasks or 2**31 - 1))
                 options = {"task_index": idx}
-            for k in range(group_size):
-                slot = g * group_size + k
-                e = envs[slot]
-                t0 = time.perf_counter()
-                obs, info = e.reset(seed=int(rng.integers(2**31)), options=options)
-                timing["env_s"] += time.perf_counter() - t0
-                task = info.get("privileged", {}).get("task", options.get("task", {}))
-                builder = None
-                if formatter is not None:
-                    t0 = time.perf_counter()
-                    # the task prompt is never cut (max_context_tokens bounds it); only step observations are
-                    builder = TrajectoryBuilder(formatter.prompt_ids(obs, tools), obs)
-                    timing["format_s"] += time.perf_counter() - t0
-                ep = _Episode(slot, e, builder, task, info.get("task_index"), g if group_size > 1 else None)
-                ep.messages = [dict(m) for m in obs]
-                episodes.append(ep)
+            for _ in range(group_size):
+                episodes.append(_Episode(len(episodes), g if group_size > 1 else None, options,
+                                         int(rng.integers(2**31))))
+        return episodes
 
-        finished = 0
-        while True:
-            active = [ep for ep in episodes if not ep.done]
-            if not active:
-                break
-            if self._token_level:
-                fits = []
-                for ep in active:
-                    if len(ep.builder) + sampling.max_new_tokens > self.config.max_context_tokens:
-                        self._finish(ep, env, terminated=False, truncated=True, reason="context_limit")
-                        finished += 1
-                    else:
-                        fits.append(ep)
-                active = fits
-                if not active:
-                    continue
-                # copies: a policy (or a script keeping its context) must not alias the growing trajectory
-                prompts = [list(ep.builder.token_ids) for ep in active]
+    # ------------------------------------------------------------------ schedules
+    def _run_lockstep(self, run: _Run, envs: list[gym.Env]) -> None:
+        """Turn by turn, in waves of ``len(envs)`` episodes: one ``generate`` call for every active
+        episode, then all their env steps in the thread pool; finished episodes drop out."""
+        for start in range(0, len(run.episodes), len(envs)):
+            active = []
+            for ep, env in zip(run.episodes[start:start + len(envs)], envs):
+                ep.env = env
                 t0 = time.perf_counter()
-                if getattr(self.policy, "wants_context", False):
-                    ctx = [{"turn": ep.turn, "messages": list(ep.messages), "task": ep.task, "prompt_ids": p}
-                           for ep, p in zip(active, prompts)]
-                    gens = self.policy.generate(prompts, sampling, contexts=ctx)
+                result = _timed(env.reset, seed=ep.seed, options=ep.options)
+                run.timing["env_s"] += time.perf_counter() - t0
+                if run.started(ep, result):
+                    active.append(ep)
+            run.report()
+            while active:
+                gens = run.generate(active)
+                t0 = time.perf_counter()
+                results = list(self._pool.map(lambda pair: _timed(pair[0].env.step, pair[1].text), zip(active, gens)))
+                run.timing["env_s"] += time.perf_counter() - t0
+                active = [ep for ep, gen, result in zip(active, gens, results) if run.stepped(ep, gen, result)]
+                run.report()
+
+    def _batch_wait(self, run: _Run) -> float:
+        """How long ready episodes wait for env calls in flight (see ``RolloutConfig.batch_wait_s``)."""
+        if run.last_generate_s is None:
+            return float("inf")  # the first batch: every reset joins it
+        if self.config.batch_wait_s is not None:
+            return self.config.batch_wait_s
+        return max(0.01, 0.5 * run.last_generate_s)
+
+    def _run_async(self, run: _Run, envs: list[gym.Env]) -> None:
+        """Continuous batching: episodes advance independently (module docstring).
+
+        The loop, on the engine's thread: start episodes while envs are free (at most
+        ``len(envs)`` at once); take in every env call that has returned; if episodes are ready
+        and no recent env call is still running, generate for all of them in one call and submit
+        their steps; otherwise wait for the next env call to return. Batches are ordered by
+        episode index, so when every step is fast they are exactly the lockstep's batches.
+        """
+        waiting = deque(run.episodes)                     # not started yet, in order
+        free = list(envs)
+        ready: list[_Episode] = []                        # waiting for their next turn
+        in_flight: dict[cf.Future, tuple[_Episode, Generation | None, float]] = {}  # resets (None) and steps
+
+        while waiting or ready or in_flight:
+            while waiting and free:
+                ep = waiting.popleft()
+                ep.env = free.pop(0)
+                future = self._pool.submit(_timed, ep.env.reset, seed=ep.seed, options=ep.options)
+                in_flight[future] = (ep, None, time.perf_counter())
+
+            for future in [f for f in in_flight if f.done()]:
+                ep, gen, _ = in_flight.pop(future)
+                result = future.result()
+                if run.started(ep, result) if gen is None else run.stepped(ep, gen, result):
+                    ready.append(ep)
                 else:
-                    gens = self.policy.generate(prompts, sampling)
-                timing["generate_s"] += time.perf_counter() - t0
-            else:
-                t0 = time.perf_counter()
-                gens = self.policy.respond([ep.messages for ep in active], sampling, tools=tools)
-                timing["generate_s"] += time.perf_counter() - t0
-            if len(gens) != len(active):
-                raise RuntimeError(f"the policy returned {len(gens)} generations for {len(active)} prompts")
+                    free.append(ep.env)
+            run.report()
+            if waiting and free:
+                continue  # start the next episodes first: their resets may join this batch
 
-            t0 = time.perf_counter()
-            results = list(self._pool.map(lambda pair: pair[0].env.step(pair[1].text), zip(active, gens)))
-            timing["env_s"] += time.perf_counter() - t0
-
-            t0 = time.perf_counter()
-            for ep, gen, (obs, reward, terminated, truncated, info) in zip(active, gens, results):
-                ep.turn += 1
-                ep.messages.append({"role": "assistant", "content": gen.text})
-                if ep.builder is not None:
-                    ep.builder.add_policy(gen.token_ids, gen.logprobs, gen.text, gen.finish_reason)
-                    ep.builder.add_step(reward, info.get("reward_terms", {}))
-                else:
-                    ep.reward_log.append((reward, info.get("reward_terms", {})))
-                    ep.finish_reasons.append(gen.finish_reason)
-                if terminated or truncated:
-                    self._finish(ep, env, terminated, truncated, info=info)
-                    finished += 1
+            timeout = None
+            if ready:
+                now = time.perf_counter()
+                wait = self._batch_wait(run)
+                recent = [t for _, _, t in in_flight.values() if now - t < wait]
+                if not recent:
+                    batch, ready = sorted(ready, key=lambda e: e.index), []
+                    for ep, gen in zip(batch, run.generate(batch)):
+                        future = self._pool.submit(_timed, ep.env.step, gen.text)
+                        in_flight[future] = (ep, gen, time.perf_counter())
+                    run.report()
                     continue
-                if formatter is not None:
-                    obs, _ = formatter.truncate(obs)
-                    ep.builder.add_env(formatter.observation_ids(gen.token_ids, obs, tools), obs)
-                ep.messages.extend(dict(m) for m in obs)
-            timing["format_s"] += time.perf_counter() - t0
-            if progress is not None:
-                progress(finished, n)
-
-        trajs = [ep.traj for ep in episodes]
-        if self.config.debug_checks and self._token_level:
-            for t in trajs:
-                problems = check_trajectory(t, self.tokenizer)
-                if problems:
-                    raise AssertionError("trajectory invariants violated: " + "; ".join(problems))
-        metrics = summarize(trajs)
-        wall = time.perf_counter() - t_start
-        metrics.update({f"time/{k}": v for k, v in timing.items()})
-        metrics["time/wall_s"] = wall
-        metrics["time/outside_generate_frac"] = float(1 - timing["generate_s"] / wall) if wall else 0.0
-        return RolloutBatch(trajs, metrics)
-
-    def _finish(self, ep: _Episode, env_id: Any, terminated: bool, truncated: bool,
-                info: Mapping[str, Any] | None = None, reason: str | None = None) -> None:
-        ep.done = True
-        summary = dict((info or {}).get("episode_summary", {}))
-        if reason is not None:
-            summary.setdefault("success", False)
-            summary["end_reason"] = reason
-            summary.setdefault("turns", ep.turn)
-        env_name = env_id if isinstance(env_id, str) else getattr(env_id, "__name__", None)
-        if ep.builder is not None:
-            ep.traj = ep.builder.build(episode=summary, terminated=terminated, truncated=truncated,
-                                       group_id=ep.group_id, task_index=ep.task_index, env_id=env_name)
-        else:
-            rewards = ep.reward_log
-            ep.traj = Trajectory([], [], [], 0, [], [m["content"] for m in ep.messages if m["role"] == "assistant"],
-                                 list(ep.finish_reasons),
-                                 [r for r, _ in rewards], [t for _, t in rewards], list(ep.messages), summary,
-                                 terminated, truncated, ep.group_id, ep.task_index, env_name)
+                timeout = min(recent) + wait - now if wait != float("inf") else None
+            if in_flight:
+                t0 = time.perf_counter()
+                cf.wait(list(in_flight), timeout=timeout, return_when=cf.FIRST_COMPLETED)
+                run.timing["env_s"] += time.perf_counter() - t0

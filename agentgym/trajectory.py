@@ -7,7 +7,7 @@ glue, ``loss_mask`` 0). A step's reward belongs to the last token of that turn's
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Sequence
 
 __all__ = ["Trajectory", "TrajectoryBuilder", "check_trajectory"]
@@ -31,6 +31,9 @@ class Trajectory:
     group_id: int | None = None
     task_index: int | None = None
     env_id: str | None = None
+    # temperature of ``logprobs`` (log-softmax(logits / T)); learners recompute log-probs at this T.
+    # None: unknown (e.g. trajectories loaded from an older file) — learners then assume 1.0.
+    temperature: float | None = None
 
     @property
     def total_reward(self) -> float:
@@ -63,7 +66,8 @@ class Trajectory:
     def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
         d = dict(d)
         d["turn_spans"] = [tuple(s) for s in d["turn_spans"]]
-        return cls(**d)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 class TrajectoryBuilder:
@@ -107,12 +111,13 @@ class TrajectoryBuilder:
         self.reward_terms.append(dict(terms))
 
     def build(self, *, episode: dict[str, Any] | None = None, terminated: bool = False, truncated: bool = False,
-              group_id: int | None = None, task_index: int | None = None, env_id: str | None = None) -> Trajectory:
+              group_id: int | None = None, task_index: int | None = None, env_id: str | None = None,
+              temperature: float | None = None) -> Trajectory:
         return Trajectory(list(self.token_ids), list(self.loss_mask), list(self.logprobs), self.prompt_length,
                           list(self.turn_spans), list(self.actions), list(self.finish_reasons),
                           list(self.step_rewards), [dict(t) for t in self.reward_terms],
                           [dict(m) for m in self.messages], dict(episode or {}), terminated, truncated,
-                          group_id, task_index, env_id)
+                          group_id, task_index, env_id, temperature)
 
 
 def check_trajectory(traj: Trajectory, tokenizer: Any) -> list[str]:

@@ -39,7 +39,11 @@ class Batch:
         position_ids: 0, 1, … along each sequence (right padding: the same positions as at sampling).
         loss_mask: 1 on policy-sampled tokens (the trajectory's ``loss_mask``).
         response_mask: 1 on every token after the prompt (policy and environment tokens).
-        old_logprobs: sampling-time log-probs (0 off the policy tokens).
+        old_logprobs: log-probs of the "old" policy for the ratio: the sampling-time ones, or — when the
+            sampler is a separate engine — recomputed by the training model before the update.
+        sampler_logprobs: the sampling-time log-probs, always (for the optional truncated
+            importance-sampling correction and the sampler-vs-learner divergence).
+        is_weights: per-token truncated importance weights (1 without the correction).
         token_rewards: each step reward on its turn's last policy token.
         advantages, returns: per-token targets, filled by the learner.
         ref_logprobs, old_values: reference-model log-probs and value estimates at collection
@@ -55,6 +59,8 @@ class Batch:
     loss_mask: torch.Tensor
     response_mask: torch.Tensor
     old_logprobs: torch.Tensor
+    sampler_logprobs: torch.Tensor
+    is_weights: torch.Tensor
     token_rewards: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
@@ -123,6 +129,8 @@ def collate(trajectories: Sequence[Trajectory], *, pad_id: int = 0) -> Batch:
         loss_mask=pad_token_lists([t.loss_mask for t in trajectories], width),
         response_mask=response,
         old_logprobs=pad_token_lists([t.logprobs for t in trajectories], width),
+        sampler_logprobs=pad_token_lists([t.logprobs for t in trajectories], width),
+        is_weights=torch.ones(len(trajectories), width),
         token_rewards=pad_token_lists([t.token_rewards() for t in trajectories], width),
         advantages=zeros.clone(),
         returns=zeros.clone(),

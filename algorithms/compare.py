@@ -80,7 +80,7 @@ EXTERNAL_SETTINGS = frozenset({"learner.lr", "learner.kl_coef", "learner.micro_b
 
 #: Settings every variant shares: they define the tasks and the rollout budget.
 SHARED_KEYS = frozenset({"env", "env_kwargs", "steps", "seed", "algo", "output_dir", "groups_per_step",
-                         "group_size", "model", "sampling", "eval", "style", "max_obs_tokens",
+                         "group_size", "model", "rollout", "sampling", "eval", "style", "max_obs_tokens",
                          "max_context_tokens"})
 #: Keys the harness itself sets (from --env/--algos/--seeds/--steps/--out).
 HARNESS_KEYS = {"algo": "--algos", "seed": "--seeds", "steps": "--steps", "output_dir": "--out", "env": "--env"}
@@ -284,7 +284,8 @@ def _run_one(cfg: TrainConfig, variant: Variant, policies: _PolicySource, log: C
     if variant.algo == "trl-grpo":
         result = run_trl_grpo(cfg, policies.fresh(cfg), log=log)
     else:
-        result = Trainer(cfg, policy=policies.fresh(cfg), log=log, on_step=on_step).train()
+        # a leftover directory here is an unfinished or changed run of this comparison: start it afresh
+        result = Trainer(cfg, policy=policies.fresh(cfg), log=log, on_step=on_step).train(overwrite=True)
     rec.wall_s = time.perf_counter() - t0
     rec.history = [{k: v for k, v in row.items() if isinstance(v, (int, float))} for row in result["history"]]
     rec.before, rec.after = dict(result.get("before", {})), dict(result.get("after", {}))
@@ -294,12 +295,14 @@ def _run_one(cfg: TrainConfig, variant: Variant, policies: _PolicySource, log: C
 def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps: int, *, env: str | None = None,
             config: str | Path | None = None, overrides: Sequence[str] = (), out_dir: str | Path = "runs/compare",
             keep_checkpoints: bool = False, resume: bool = False, threshold: float = 0.8,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
+            log: Callable[[str], None] = print, overwrite: bool = False) -> dict[str, Any]:
     """Run every variant on every seed and write the comparison artifacts into ``out_dir``.
 
     ``seeds``: a count n (seeds base, base+1, …, base+n-1 where base is the config's ``seed``) or an
     explicit list. ``resume``: reuse finished runs whose resolved config is unchanged (a run writes
-    ``compare_run.json`` when it ends). Returns the summary with the artifact paths.
+    ``compare_run.json`` when it ends; the others are run again from scratch). A non-empty ``out_dir``
+    is refused unless ``resume`` or ``overwrite`` (which deletes it first). Returns the summary with the
+    artifact paths.
     """
     variants = parse_variants(variants) if isinstance(variants, str) else list(variants)
     if steps < 1:
@@ -335,6 +338,9 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
     log(f"[compare] {base.env}: {', '.join(v.label for v in variants)} × seeds {seeds} × {steps} steps; "
         f"{base.groups_per_step} groups × {base.group_size} = {per_step} episodes/step for every run; "
         f"model {base.model} -> {out}")
+    if not resume:
+        from agentgym.runs import prepare_output_dir
+        prepare_output_dir(out, overwrite=overwrite, command="compare")
     out.mkdir(parents=True, exist_ok=True)
     policies = _PolicySource()
     records: list[RunRecord] = []

@@ -32,12 +32,14 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
+from agentgym.rollout import RolloutConfig, RolloutViews
+
 from agentgym.algorithms.learners import LoraSettings
-from agentgym.algorithms.offline_data import (CollectConfig, RolloutSettings, collect_trajectories, dpo_dataset,
+from agentgym.algorithms.offline_data import (OFFLINE_ROLLOUT_ALIASES, CollectConfig, collect_trajectories, offline_rollout, dpo_dataset,
                                               preference_pairs, source_policy)
 from agentgym.algorithms.sft import (OptimSettings, finish_run, gather_episodes, peft_config, prepare_run,
                                      trl_training_kwargs)
@@ -58,14 +60,14 @@ class DPOData(CollectConfig):
 
 
 @dataclass
-class DPORunConfig:
+class DPORunConfig(RolloutViews):
     """One DPO run. ``loss_type`` is one TRL loss name or several joined by commas (``sigmoid,sft``,
     weighted by ``loss_weights``)."""
     env: str = "Arithmetic-v0"
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     model: str = "smollm2"
     data: DPOData = field(default_factory=DPOData)
-    layout: RolloutSettings = field(default_factory=RolloutSettings)
+    rollout: RolloutConfig = field(default_factory=offline_rollout)   # sampling + token layout (as RL's)
     optim: OptimSettings = field(default_factory=lambda: OptimSettings(lr=1e-6, epochs=1.0))
     beta: float = 0.1
     loss_type: str = "sigmoid"
@@ -76,6 +78,8 @@ class DPORunConfig:
     seed: int = 0
     device: str | None = None
     output_dir: str = "runs/dpo"
+
+    config_aliases: ClassVar[dict[str, str]] = OFFLINE_ROLLOUT_ALIASES
 
     def __post_init__(self) -> None:
         if self.beta <= 0:
@@ -154,16 +158,16 @@ def build_dpo_trainer(cfg: DPORunConfig, policy: Any, dataset: Any, out: Path) -
                                       data_collator=TokenPreferenceCollator(pad, cfg.optim.max_length))
 
 
-def run_dpo(cfg: DPORunConfig) -> dict[str, Any]:
+def run_dpo(cfg: DPORunConfig, overwrite: bool = False) -> dict[str, Any]:
     """Sample → pair → DPO → export. Returns pair counts, first/last loss and reward accuracy."""
     from agentgym.registry import full_id
-    out, policy = prepare_run(cfg)
+    out, policy = prepare_run(cfg, overwrite)
     episodes = gather_episodes(cfg, policy, desc=f"dpo samples ({cfg.data.source})")
     if cfg.data.oracle_chosen:
         oracle_data = dataclasses.replace(cfg.data, samples_per_task=1)
         env_id = full_id(cfg.env)
         episodes += collect_trajectories(source_policy("oracle", policy, env_id), env_id, cfg.env_kwargs,
-                                         oracle_data, cfg.layout, desc="dpo oracle episodes")
+                                         oracle_data, cfg.rollout, desc="dpo oracle episodes")
     pairs = preference_pairs(episodes, cfg.data.min_gap)
     tasks = len({(t.env_id, t.task_index) for t in episodes})
     summary = {"episodes": len(episodes), "tasks": tasks, "pairs": len(pairs),

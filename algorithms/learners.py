@@ -77,7 +77,10 @@ class LearnerConfig:
     :func:`~agentgym.algorithms.losses.aggregate`); ``max_response_tokens``: the constant of
     ``seq-mean-token-sum`` (None: the longest response of the update's batch); ``kl_coef`` with
     ``kl_estimator`` (k1, k2, k3, low_var_kl) either in the loss or subtracted from the rewards
-    (``kl_in``); ``entropy_coef``; ``temperature`` (must equal the sampling temperature);
+    (``kl_in``); ``entropy_coef``; ``temperature``: None (default) = the temperature the trajectories
+    were sampled at (``Trajectory.temperature``, set by the rollout engine from its one
+    ``RolloutConfig``); a number is only a check — an update on trajectories sampled at another
+    temperature is refused, since ratios against their log-probs would be biased;
     ``mask_env_tokens`` (False: the ablation where environment tokens carry loss too).
 
     Advantages: ``gamma``, ``lam`` (PPO's GAE); REINFORCE's ``baseline`` (none, mean, ema, rebn)
@@ -85,10 +88,19 @@ class LearnerConfig:
     ``whiten_advantages``; ``adv_eps``.
 
     PPO critic: ``critic="head"`` (a linear head on the policy's last hidden state, attached as
-    ``policy.value_head``) or ``"model"`` (a separate copy of the network with its own head);
+    owned by the learner) or ``"model"`` (a separate copy of the network with its own head);
     ``critic_lr`` (None = ``lr``), ``critic_warmup_ratio`` (the critic's own warmup share of
     ``total_steps``; None = the actor's warmup; Search-R1: 0.015 against the actor's 0.285),
     ``value_coef``, ``value_clip_eps`` (None = no clipping).
+
+    Off-policy safety: ``old_logprobs`` — ``sampler`` (the ratio's old log-probs are the sampling-time
+    ones: exact when the policy samples with the module being trained), ``recompute`` (a no-grad pass
+    of the training model before the update, as verl does), or ``auto`` (recompute exactly when the
+    sampler is a separate engine such as vLLM, whose kernels and dtypes differ). When recomputing,
+    ``tis_cap`` (None = off) multiplies each token's policy-gradient term by
+    ``min(exp(logp_learner − logp_sampler), tis_cap)`` (truncated importance sampling), and every update
+    logs the sampler-vs-learner divergence: ``sampler_logp_diff_mean`` / ``_max`` (|Δlogp|) and
+    ``sampler_logp_diff_frac`` (share of tokens over ``divergence_threshold``).
 
     System: ``lora`` (None = full fine-tuning), ``gradient_checkpointing``, ``bf16`` (autocast on
     CUDA; CPU always runs fp32), ``seed`` (minibatch shuffling).
@@ -112,7 +124,7 @@ class LearnerConfig:
     kl_estimator: str = "k3"
     kl_in: str = "loss"
     entropy_coef: float = 0.0
-    temperature: float = 1.0
+    temperature: float | None = None
     gamma: float = 1.0
     lam: float = 1.0
     baseline: str = "rebn"
@@ -126,6 +138,9 @@ class LearnerConfig:
     critic_warmup_ratio: float | None = None
     value_coef: float = 0.5
     value_clip_eps: float | None = 0.2
+    old_logprobs: str = "auto"
+    tis_cap: float | None = None
+    divergence_threshold: float = 0.1
     lora: LoraSettings | None = None
     gradient_checkpointing: bool = False
     bf16: bool = True
@@ -133,7 +148,8 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         choices = {"schedule": SCHEDULES, "loss_agg": LOSS_AGG_MODES, "kl_estimator": KL_ESTIMATORS,
-                   "kl_in": ("loss", "reward"), "baseline": BASELINES, "critic": ("head", "model")}
+                   "kl_in": ("loss", "reward"), "baseline": BASELINES, "critic": ("head", "model"),
+                   "old_logprobs": ("auto", "sampler", "recompute")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -142,8 +158,26 @@ class LearnerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.minibatch_size is not None and self.minibatch_size < 1:
             raise ValueError(f"minibatch_size must be >= 1 or None, got {self.minibatch_size}")
-        if self.lr < 0 or self.temperature <= 0 or not 0 <= self.warmup_ratio <= 1:
-            raise ValueError("lr must be >= 0, temperature > 0 and warmup_ratio in [0, 1]")
+        if not math.isfinite(self.lr) or self.lr < 0:
+            raise ValueError(f"lr must be a finite number >= 0, got {self.lr}")
+        if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be > 0 or None (the rollouts'), got {self.temperature}")
+        if not 0 <= self.warmup_ratio <= 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0 or None, got {self.warmup_steps}")
+        if self.clip_eps <= 0 or (self.clip_eps_high is not None and self.clip_eps_high <= 0):
+            raise ValueError("clip_eps and clip_eps_high must be > 0")
+        if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
+            raise ValueError(f"gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.tis_cap is not None and not self.tis_cap >= 1:
+            raise ValueError(f"tis_cap must be >= 1 or None (off), got {self.tis_cap}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+        if not 0 <= self.baseline_momentum < 1:
+            raise ValueError(f"baseline_momentum must be in [0, 1), got {self.baseline_momentum}")
         if self.critic_warmup_ratio is not None and not 0 <= self.critic_warmup_ratio <= 1:
             raise ValueError(f"critic_warmup_ratio must be in [0, 1] or None, got {self.critic_warmup_ratio}")
         self.betas = tuple(float(b) for b in self.betas)  # YAML gives a list
@@ -205,9 +239,11 @@ class Learner:
     surrogate = "clip"       # "clip" (ratio clipping) or "reinforce" (-A log p)
     uses_values = False
 
-    def __init__(self, policy: Any, config: LearnerConfig | None = None):
+    def __init__(self, policy: Any, config: LearnerConfig | None = None, *, separate_sampler: bool = False):
         self.policy = policy
         self.config = cfg = config or LearnerConfig()
+        # True when another engine (vLLM) samples the rollouts: see ``LearnerConfig.old_logprobs``
+        self.separate_sampler = separate_sampler
         if cfg.schedule != "constant" and cfg.total_steps is None:
             raise ValueError(f"schedule {cfg.schedule!r} needs total_steps (the number of update calls)")
         tok = getattr(policy, "tokenizer", None)
@@ -219,8 +255,9 @@ class Learner:
             base_copy = copy.deepcopy(model)  # the frozen reference: the policy as it starts
         self._build_critic(model)
         if cfg.lora is not None and not _is_peft(model):
+            # the learner owns the PEFT wrapper; the adapters are injected into the policy's own module,
+            # so a colocated policy samples through them without any attribute written onto it
             model = _apply_lora(model, cfg.lora, seed=cfg.seed)
-            policy.model = model
         self.model = model
         self.ref_model = None
         if base_copy is not None:
@@ -239,6 +276,35 @@ class Learner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, [factors[g["role"]] for g in self.optimizer.param_groups])
         self.step = 0
+        self._temperature = cfg.temperature or 1.0
+
+    def _batch_temperature(self, trajectories: Sequence[Trajectory]) -> float:
+        """The temperature the batch was sampled at (one per update), checked against the config."""
+        temps = {t.temperature for t in trajectories if t.temperature is not None}
+        if len(temps) > 1:
+            raise ValueError(f"one update mixes trajectories sampled at temperatures {sorted(temps)}; "
+                             "log-prob ratios need one sampling temperature per batch")
+        if not temps:
+            return self.config.temperature or 1.0
+        t = float(temps.pop())
+        if self.config.temperature is not None and abs(self.config.temperature - t) > 1e-9:
+            raise ValueError(f"learner.temperature={self.config.temperature} but the trajectories were sampled at "
+                             f"temperature {t}; leave learner.temperature unset (it follows the rollouts)")
+        return t
+
+    def policy_weights(self) -> nn.Module | list[tuple[str, torch.Tensor]]:
+        """What a separate sampler loads after an update (``policy.sync_weights``): the trained module
+        itself, or with LoRA the base weights with the adapter merged in, under the base model's names
+        (an inference engine then needs no LoRA support and samples exactly the trained policy)."""
+        if not _is_peft(self.model):
+            return self.model
+        self.model.merge_adapter()
+        try:
+            base = self.model.get_base_model()
+            return [(k.replace(".base_layer", ""), v.detach().clone()) for k, v in base.state_dict().items()
+                    if "lora_" not in k]
+        finally:
+            self.model.unmerge_adapter()
 
     # ------------------------------------------------------------------ subclass API
     def compute_advantages(self, trajectories: Sequence[Trajectory], batch: Batch, rewards: torch.Tensor,
@@ -281,11 +347,15 @@ class Learner:
         if not usable:
             metrics.update(tokens=0.0, skipped=0.0, optimizer_steps=0.0, time_s=time.perf_counter() - t0)
             return metrics
+        self._temperature = self._batch_temperature(usable)
+        metrics["temperature"] = self._temperature
         batch = collate(usable, pad_id=self.pad_id).to(self.device)
         mask = batch.train_mask(cfg.mask_env_tokens)
         was_training = self.model.training
         try:
             self._set_training(False)
+            if self.recomputes_old_logprobs:
+                metrics.update(self._recompute_old_logprobs(batch))
             self._precompute(batch)
             rewards = batch.token_rewards.clone()
             if cfg.kl_coef > 0 and cfg.kl_in == "reward":
@@ -362,7 +432,7 @@ class Learner:
 
     def _logprobs(self, outputs: Any, micro: Batch, *,
                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return token_logprobs(outputs.logits, micro.input_ids, self.config.temperature, offset=micro.logits_offset,
+        return token_logprobs(outputs.logits, micro.input_ids, self._temperature, offset=micro.logits_offset,
                               with_entropy=entropy, entropy_grad=self.config.entropy_coef != 0)
 
     def _reference_outputs(self, micro: Batch) -> Any:
@@ -374,6 +444,34 @@ class Learner:
     @property
     def _has_reference(self) -> bool:
         return self.config.kl_coef > 0
+
+    @property
+    def recomputes_old_logprobs(self) -> bool:
+        mode = self.config.old_logprobs
+        return mode == "recompute" or (mode == "auto" and self.separate_sampler)
+
+    @torch.no_grad()
+    def _recompute_old_logprobs(self, batch: Batch) -> dict[str, float]:
+        """The ratio's old log-probs from the training model (no grad), the sampler-vs-learner
+        divergence, and (with ``tis_cap``) the truncated importance weights."""
+        cfg = self.config
+        for start in range(0, len(batch), cfg.micro_batch_size):
+            rows = range(start, min(start + cfg.micro_batch_size, len(batch)))
+            micro = batch.select(rows)
+            with self._autocast():
+                logp, _ = self._logprobs(self._model_outputs(self.model, micro), micro)
+            batch.old_logprobs[start:start + len(rows), :micro.width] = logp.float() * micro.loss_mask
+        m = batch.loss_mask
+        diff = (batch.old_logprobs - batch.sampler_logprobs).abs() * m
+        n = float(m.sum())
+        stats = {"sampler_logp_diff_mean": float(diff.sum()) / max(n, 1.0),
+                 "sampler_logp_diff_max": float(diff.max()) if n else 0.0,
+                 "sampler_logp_diff_frac": float(((diff > cfg.divergence_threshold).float() * m).sum()) / max(n, 1.0)}
+        if cfg.tis_cap is not None:
+            w = torch.exp(batch.old_logprobs - batch.sampler_logprobs).clamp(max=cfg.tis_cap)
+            batch.is_weights = torch.where(m.bool(), w, torch.ones_like(w))
+            stats["tis_weight_mean"] = float((batch.is_weights * m).sum()) / max(n, 1.0)
+        return stats
 
     @torch.no_grad()
     def _precompute(self, batch: Batch) -> None:
@@ -454,7 +552,8 @@ class Learner:
                     logp, micro.old_logprobs, micro.advantages, mask, settings, sampled_mask=micro.loss_mask,
                     entropy=entropy, ref_logp=micro.ref_logprobs if self._has_reference else None,
                     values=values, old_values=micro.old_values if values is not None else None,
-                    returns=micro.returns if values is not None else None, num_tokens=num_tokens, num_seqs=num_seqs)
+                    returns=micro.returns if values is not None else None, num_tokens=num_tokens, num_seqs=num_seqs,
+                    is_weights=micro.is_weights if cfg.tis_cap is not None else None)
                 if not torch.isfinite(loss):
                     return None
                 loss.backward()
@@ -551,8 +650,8 @@ class ReinforceLearner(Learner):
     name = "reinforce"
     surrogate = "reinforce"
 
-    def __init__(self, policy: Any, config: LearnerConfig | None = None):
-        super().__init__(policy, config)
+    def __init__(self, policy: Any, config: LearnerConfig | None = None, **kwargs: Any):
+        super().__init__(policy, config, **kwargs)
         self.baseline = None if self.config.baseline == "rebn" else make_baseline(self.config.baseline,
                                                                                  self.config.baseline_momentum)
 
@@ -670,11 +769,7 @@ class PPOLearner(Learner):
             self.critic.requires_grad_(True)
             self.value_head = self.critic.head
         else:
-            head = getattr(self.policy, "value_head", None)
-            if head is None:
-                head = _value_head(model.config.hidden_size)
-                self.policy.value_head = head
-            self.value_head = head.to(device)
+            self.value_head = _value_head(model.config.hidden_size).to(device)
 
     def _set_training(self, mode: bool) -> None:
         super()._set_training(mode)
@@ -714,10 +809,12 @@ class PPOLearner(Learner):
 LEARNERS: dict[str, type[Learner]] = {"reinforce": ReinforceLearner, "ppo": PPOLearner, "grpo": GRPOLearner}
 
 
-def make_learner(name: str, policy: Any, config: LearnerConfig | None = None) -> Learner:
-    """``reinforce`` | ``ppo`` | ``grpo`` learner for a trainable policy (``.model``, ``.tokenizer``)."""
+def make_learner(name: str, policy: Any, config: LearnerConfig | None = None, *,
+                 separate_sampler: bool = False) -> Learner:
+    """``reinforce`` | ``ppo`` | ``grpo`` learner for a trainable policy (``.model``, ``.tokenizer``).
+    ``separate_sampler``: another engine samples the rollouts (see ``LearnerConfig.old_logprobs``)."""
     try:
         cls = LEARNERS[name.lower()]
     except KeyError:
         raise ValueError(f"unknown learner {name!r}; choose one of {sorted(LEARNERS)}") from None
-    return cls(policy, config)
+    return cls(policy, config, separate_sampler=separate_sampler)

@@ -229,14 +229,17 @@ def ppo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
                   entropy: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
                   values: torch.Tensor | None = None, old_values: torch.Tensor | None = None,
                   returns: torch.Tensor | None = None, num_tokens: float | None = None,
-                  num_seqs: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                  num_seqs: float | None = None,
+                  is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``loss = policy_loss - entropy_coef·H + kl_coef·KL + value_coef·value_loss``, each term
     aggregated over ``mask`` (the training mask) with ``settings.loss_agg``.
 
     ``sampled_mask`` marks tokens with sampling-time log-probs (the trajectory's ``loss_mask``);
     where ``mask`` is 1 but ``sampled_mask`` is 0 (env tokens in the unmasked ablation), the old
     log-prob is the current one, detached. The KL term needs ``ref_logp``, the value term
-    ``values``, ``old_values`` and ``returns``; the entropy term needs ``entropy``.
+    ``values``, ``old_values`` and ``returns``; the entropy term needs ``entropy``. ``is_weights``
+    (detached, per token) multiplies the policy-gradient term: the truncated importance-sampling
+    correction for a sampler whose log-probs differ from the learner's.
 
     Returns the scalar loss and detached statistics (token means over ``mask`` unless noted).
     """
@@ -252,6 +255,8 @@ def ppo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
         pg = reinforce_surrogate(logp, advantages)
         ratio = torch.exp(logp - old_logp)
         stats["clip_frac"] = torch.zeros(())
+    if is_weights is not None:
+        pg = pg * is_weights.detach()
     policy_loss = agg(pg)
     loss = policy_loss
     log_ratio = (logp - old_logp).detach()

@@ -28,20 +28,22 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from agentgym.policy import SamplingParams
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutEngine, RolloutViews
 from agentgym.trajectory import Trajectory, check_trajectory
 
-__all__ = ["CollectConfig", "RolloutSettings", "source_policy", "collect_trajectories", "load_trajectories",
+__all__ = ["CollectConfig", "OFFLINE_ROLLOUT_ALIASES", "offline_rollout", "source_policy", "collect_trajectories", "load_trajectories",
            "successful", "sft_example", "sft_dataset", "preference_pairs", "dpo_example", "dpo_dataset"]
 
 
-@dataclass
-class RolloutSettings:
-    """How episodes are laid out as tokens. Keep them equal to the RL run's (``TrainConfig`` has the
-    same fields and defaults) so warm-up data and RL rollouts share one token layout."""
-    style: str | None = None              # chat / continuation; None = the env's
-    max_obs_tokens: int | None = 256
-    max_context_tokens: int = 2048
+#: Config keys of SFT / DPO runs that moved into their one ``rollout`` (a ``RolloutConfig``).
+OFFLINE_ROLLOUT_ALIASES = {**ROLLOUT_ALIASES, "layout": "rollout",
+                           **{f"data.{k}": f"rollout.sampling.{k}" for k in ("max_new_tokens", "temperature", "top_p")}}
+
+
+def offline_rollout() -> RolloutConfig:
+    """SFT / DPO collection defaults: the trainer's token layout (so warm-up data and RL rollouts share
+    one layout) with a longer per-turn budget for oracle episodes."""
+    return RolloutConfig(sampling=SamplingParams(max_new_tokens=256), max_obs_tokens=256, max_context_tokens=2048)
 
 
 @dataclass
@@ -57,14 +59,13 @@ class CollectConfig:
     samples_per_task: int = 1
     first_task: int = 0
     batch_size: int = 16                  # episodes per rollout call (one batched generate per turn)
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.samples_per_task < 1 or self.batch_size < 1:
             raise ValueError("episodes, samples_per_task and batch_size must be >= 1")
+        if self.first_task < 0:
+            raise ValueError(f"first_task must be >= 0, got {self.first_task}")
 
 
 class _StudentLayout:
@@ -92,7 +93,7 @@ def source_policy(source: str, model_policy: Any, env_id: str) -> Any:
         if oracle is None:
             raise ValueError(f"{env_id} defines no oracle; use data.source=self or a model")
         return ScriptedPolicy(model_policy.tokenizer, oracle)
-    from agentgym.algorithms.checkpoints import load_trained_policy
+    from agentgym.policies.loading import load_trained_policy
     teacher = load_trained_policy(source, device=str(model_policy.device))
     if teacher.tokenizer.get_vocab() != model_policy.tokenizer.get_vocab():
         raise ValueError(f"data.source {source!r} has another tokenizer than the model; token-level data "
@@ -101,13 +102,10 @@ def source_policy(source: str, model_policy: Any, env_id: str) -> Any:
 
 
 def collect_trajectories(policy: Any, env_id: str, env_kwargs: Mapping[str, Any], data: CollectConfig,
-                         layout: RolloutSettings, *, desc: str = "collect") -> list[Trajectory]:
+                         rollout: RolloutConfig | None = None, *, desc: str = "collect") -> list[Trajectory]:
     """Run ``data.episodes × data.samples_per_task`` episodes; groups share a task (``task_index``)."""
     from tqdm import tqdm
-    sampling = SamplingParams(max_new_tokens=data.max_new_tokens, temperature=data.temperature, top_p=data.top_p)
-    engine = RolloutEngine(policy, RolloutConfig(sampling=sampling, style=layout.style,
-                                                 max_obs_tokens=layout.max_obs_tokens,
-                                                 max_context_tokens=layout.max_context_tokens))
+    engine = RolloutEngine(policy, rollout or offline_rollout())
     tasks_per_call = max(1, data.batch_size // data.samples_per_task)
     out: list[Trajectory] = []
     try:

@@ -19,12 +19,13 @@ import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from agentgym.config import save_config
+from agentgym.rollout import RolloutConfig, RolloutViews
 
 from agentgym.algorithms.learners import LoraSettings
-from agentgym.algorithms.offline_data import (CollectConfig, RolloutSettings, collect_trajectories, load_trajectories,
+from agentgym.algorithms.offline_data import (OFFLINE_ROLLOUT_ALIASES, CollectConfig, collect_trajectories, offline_rollout, load_trajectories,
                                               sft_dataset, source_policy, successful)
 
 __all__ = ["OptimSettings", "SFTData", "SFTRunConfig", "build_sft_trainer", "run_sft", "trl_training_kwargs",
@@ -52,6 +53,14 @@ class OptimSettings:
     gradient_checkpointing: bool = False
     logging_steps: int = 1
 
+    def __post_init__(self) -> None:
+        if not self.lr >= 0 or not self.epochs > 0 or self.batch_size < 1 or self.grad_accum < 1:
+            raise ValueError("optim: lr must be >= 0, epochs > 0, batch_size and grad_accum >= 1")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(f"optim.max_steps must be >= 1, or -1 for epochs, got {self.max_steps}")
+        if self.logging_steps < 1 or (self.max_length is not None and self.max_length < 2):
+            raise ValueError("optim: logging_steps must be >= 1 and max_length >= 2 (or null)")
+
 
 @dataclass
 class SFTData(CollectConfig):
@@ -62,19 +71,21 @@ class SFTData(CollectConfig):
 
 
 @dataclass
-class SFTRunConfig:
+class SFTRunConfig(RolloutViews):
     """One SFT run. Defaults: oracle episodes on Arithmetic-v0 into SmolLM2."""
     env: str = "Arithmetic-v0"
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     model: str = "smollm2"
     data: SFTData = field(default_factory=SFTData)
-    layout: RolloutSettings = field(default_factory=RolloutSettings)
+    rollout: RolloutConfig = field(default_factory=offline_rollout)   # sampling + token layout (as RL's)
     optim: OptimSettings = field(default_factory=OptimSettings)
     lora: LoraSettings | None = None
     merge_lora: bool = True
     seed: int = 0
     device: str | None = None
     output_dir: str = "runs/sft"
+
+    config_aliases: ClassVar[dict[str, str]] = OFFLINE_ROLLOUT_ALIASES
 
 
 def trl_training_kwargs(optim: OptimSettings, out: Path, seed: int, device: str | None) -> dict[str, Any]:
@@ -106,14 +117,15 @@ def peft_config(lora: LoraSettings | None) -> Any:
                       task_type="CAUSAL_LM")
 
 
-def prepare_run(cfg: Any) -> tuple[Path, Any]:
-    """Output dir with the resolved config, seeds set, and the model as a policy (fp32 weights)."""
+def prepare_run(cfg: Any, overwrite: bool = False) -> tuple[Path, Any]:
+    """Output dir with the resolved config, seeds set, and the model as a policy (fp32 weights).
+    A non-empty ``output_dir`` is refused unless ``overwrite`` (see :mod:`agentgym.runs`)."""
     import torch
     from transformers import set_seed
 
-    from agentgym.algorithms.checkpoints import load_trained_policy
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from agentgym.policies.loading import load_trained_policy
+    from agentgym.runs import prepare_output_dir
+    out = prepare_output_dir(cfg.output_dir, overwrite=overwrite, command=type(cfg).__name__[:3].lower())
     save_config(cfg, out / "config.yaml")
     set_seed(cfg.seed)
     return out, load_trained_policy(cfg.model, device=cfg.device, dtype=torch.float32, seed=cfg.seed)
@@ -126,13 +138,13 @@ def gather_episodes(cfg: Any, policy: Any, desc: str) -> list[Any]:
         return load_trajectories(cfg.data.source, policy.tokenizer)
     env_id = full_id(cfg.env)
     return collect_trajectories(source_policy(cfg.data.source, policy, env_id), env_id, cfg.env_kwargs,
-                                cfg.data, cfg.layout, desc=desc)
+                                cfg.data, cfg.rollout, desc=desc)
 
 
 def finish_run(trainer: Any, tokenizer: Any, out: Path, merge_lora: bool) -> tuple[list[dict[str, Any]], Path]:
     """After ``trainer.train()``: TRL's ``log_history`` as ``train_log.csv`` (one row per logging step)
     and the model exported to ``out/model``. Returns the history and the model directory."""
-    from agentgym.algorithms.checkpoints import export_model
+    from agentgym.policies.loading import export_model
     history = list(trainer.state.log_history)
     keys = sorted({k for row in history for k in row})
     with (out / "train_log.csv").open("w", newline="") as f:
@@ -159,9 +171,9 @@ def build_sft_trainer(cfg: SFTRunConfig, policy: Any, dataset: Any, out: Path) -
                           peft_config=peft_config(cfg.lora))
 
 
-def run_sft(cfg: SFTRunConfig) -> dict[str, Any]:
+def run_sft(cfg: SFTRunConfig, overwrite: bool = False) -> dict[str, Any]:
     """Collect → filter → SFT → export. Returns counts, first/last loss and the model directory."""
-    out, policy = prepare_run(cfg)
+    out, policy = prepare_run(cfg, overwrite)
     episodes = gather_episodes(cfg, policy, desc=f"sft data ({cfg.data.source})")
     floor = cfg.data.min_reward
     kept = successful(episodes, floor) if cfg.data.only_success else \

@@ -18,25 +18,22 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
 
 from agentgym.config import save_config, to_dict
 from agentgym.policy import SamplingParams
-from agentgym.rollout import RolloutConfig, RolloutEngine, summarize
+from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutEngine, RolloutViews, summarize
 
 from agentgym.algorithms.learners import LearnerConfig, make_learner
 
-__all__ = ["TrainConfig", "SamplingConfig", "EvalConfig", "train", "Trainer", "rollout_config", "held_out_eval"]
+__all__ = ["TrainConfig", "EvalConfig", "train", "Trainer", "rollout_config", "held_out_eval"]
 
-
-@dataclass
-class SamplingConfig:
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    top_p: float = 1.0
+def _train_rollout() -> RolloutConfig:
+    """The main job's rollout settings: short answers, a 2k-token context."""
+    return RolloutConfig(sampling=SamplingParams(max_new_tokens=48), max_obs_tokens=256, max_context_tokens=2048)
 
 
 @dataclass
@@ -48,7 +45,7 @@ class EvalConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(RolloutViews):
     """Everything a run needs. Defaults: the README's main job (a short CPU run).
 
     The default task is ``Math-v0`` at its warm-up level (one operation on numbers up to 20,
@@ -68,21 +65,50 @@ class TrainConfig:
     groups_per_step: int = 4
     group_size: int = 4
     seed: int = 0
-    style: str | None = None
-    max_obs_tokens: int | None = 256
-    max_context_tokens: int = 2048
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    # sampling and token layout: the one RolloutConfig (``sampling.*``, ``style``, ``max_obs_tokens``,
+    # ``max_context_tokens`` are accepted as short keys); evals use the same layout, greedily
+    rollout: RolloutConfig = field(default_factory=_train_rollout)
     learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(lr=1e-5, micro_batch_size=4))
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # steps between checkpoints (0: only the final one). Only the newest checkpoint keeps the optimizer
+    # and learner state that --resume needs (≈2× the weights with AdamW); older kept ones hold weights only.
     checkpoint_every: int = 4
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 1
     output_dir: str = "runs/train"
     tensorboard: bool = True
     device: str | None = None
+    # generation backend of rollouts and evals: hf (the trained module samples in place), vllm (a
+    # separate engine, weights synced after every update), None = vllm on CUDA when installed, else hf
+    backend: str | None = None
     # weights' dtype: None = bf16 on CUDA, fp32 on CPU. "float32" keeps fp32 master weights (bf16
     # autocast still applies with learner.bf16): at lr 1e-6 an AdamW step is far below bf16's resolution.
     dtype: str | None = None
-    debug_checks: bool = False
+
+    config_aliases: ClassVar[dict[str, str]] = ROLLOUT_ALIASES
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rollout, dict):
+            self.rollout = RolloutConfig(**self.rollout)
+        for name in ("steps", "groups_per_step", "group_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (0: only the final checkpoint), got {self.checkpoint_every}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if self.eval.every < 0 or self.eval.first_task < 0 or self.eval.episodes < 1:
+            raise ValueError("eval.every and eval.first_task must be >= 0, eval.episodes >= 1")
+        if not self.output_dir:
+            raise ValueError("output_dir must not be empty")
+        if self.dtype is not None:
+            _torch_dtype(self.dtype)
+        if self.backend not in (None, "hf", "vllm"):
+            raise ValueError(f"backend must be hf, vllm or null (default), got {self.backend!r}")
+        lt = self.learner.temperature
+        st = self.rollout.sampling.logprob_temperature
+        if lt is not None and abs(lt - st) > 1e-9:
+            raise ValueError(f"learner.temperature={lt} differs from sampling.temperature={st}: the learner must "
+                             "recompute log-probs at the sampling temperature; remove learner.temperature")
 
 
 def _set_seed(seed: int) -> None:
@@ -105,20 +131,19 @@ def _step_seed(seed: int, step: int) -> int:
 
 
 def rollout_config(cfg: TrainConfig, greedy: bool = False) -> RolloutConfig:
-    """The rollout settings of a run (``greedy`` for its evals)."""
-    sampling = SamplingParams(max_new_tokens=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature,
-                              top_p=cfg.sampling.top_p, greedy=greedy)
-    return RolloutConfig(sampling=sampling, style=cfg.style, max_obs_tokens=cfg.max_obs_tokens,
-                         max_context_tokens=cfg.max_context_tokens, debug_checks=cfg.debug_checks)
+    """The rollout settings of a run (``greedy`` for its evals): ``cfg.rollout``, nothing else."""
+    return cfg.rollout.greedy() if greedy else cfg.rollout
 
 
-def held_out_eval(engine: RolloutEngine, cfg: TrainConfig) -> tuple[dict[str, float], list[Any]]:
+def held_out_eval(engine: RolloutEngine, cfg: TrainConfig,
+                  progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, float], list[Any]]:
     """The eval of every run: the same held-out tasks (``eval.first_task`` on, the eval split), so runs
     and algorithms (including ones trained outside :class:`Trainer`) are compared on equal terms.
     Returns ``eval/``-prefixed metrics and the trajectories."""
     e = cfg.eval
     indices = list(range(e.first_task, e.first_task + e.episodes))
-    batch = engine.collect(cfg.env, task_indices=indices, seed=cfg.seed, env_kwargs={**cfg.env_kwargs, **e.env_kwargs})
+    batch = engine.collect(cfg.env, task_indices=indices, seed=cfg.seed, env_kwargs={**cfg.env_kwargs, **e.env_kwargs},
+                           progress=progress)
     return {f"eval/{k}": v for k, v in batch.metrics.items() if not k.startswith("time/")}, batch.trajectories
 
 
@@ -128,25 +153,41 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, policy: Any | None = None, log: Callable[[str], None] = print,
                  on_step: Callable[[int, Any, dict[str, float]], None] | None = None):
-        self.cfg, self.log, self.on_step = cfg, log, on_step
+        self.cfg, self.on_step = cfg, on_step
+        self._print = log
+        self._bar: Any = None
         self.out = Path(cfg.output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
         _set_seed(cfg.seed)
+        from agentgym.policies.loading import load_policy, load_trained_policy, resolve_backend
         if policy is None:  # any model spec, including an SFT / DPO output or another run's checkpoint
-            from agentgym.algorithms.checkpoints import load_trained_policy
             policy = load_trained_policy(cfg.model, device=cfg.device, dtype=_torch_dtype(cfg.dtype), seed=cfg.seed)
-        self.policy = policy
+        self.train_policy = policy          # the transformers module the learner trains
+        backend = resolve_backend(cfg.backend, notice=self.log)
+        if backend == "hf":
+            self.policy = policy            # colocated: samples with the module being trained
+        else:                               # a separate engine, loaded from the same weights
+            self.policy = load_policy(cfg.model, backend, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+        self.colocated = self.policy is self.train_policy
         lcfg = cfg.learner
         if lcfg.total_steps is None or lcfg.total_steps <= 0:
             from dataclasses import replace
             lcfg = replace(lcfg, total_steps=cfg.steps)
-        self.learner = make_learner(cfg.algo, policy, lcfg)
-        self.engine = RolloutEngine(policy, rollout_config(cfg))
-        self.eval_engine = RolloutEngine(policy, rollout_config(cfg, greedy=True))
+        self.learner = make_learner(cfg.algo, policy, lcfg, separate_sampler=not self.colocated)
+        if not self.colocated:              # the engine starts from exactly the learner's weights
+            self.policy.sync_weights(self.learner.policy_weights())
+        self.engine = RolloutEngine(self.policy, rollout_config(cfg))
+        self.eval_engine = RolloutEngine(self.policy, rollout_config(cfg, greedy=True))
         self.step = 0
         self.history: list[dict[str, float]] = []
         self.evals: list[dict[str, float]] = []
         self._tb = None
+
+    def log(self, message: str) -> None:
+        """Print above the training bar (never through it)."""
+        if self._bar is not None and self._print is print:
+            self._bar.write(message)
+        else:
+            self._print(message)
 
     # ------------------------------------------------------------------ checkpoints
     def _ckpt_dir(self, step: int) -> Path:
@@ -158,7 +199,14 @@ class Trainer:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        self.policy.model.save_pretrained(tmp / "model")  # full weights, or only the adapter with LoRA
+        from transformers.utils import logging as hf_logging
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # its shard bar would break the training bar
+        try:
+            self.learner.model.save_pretrained(tmp / "model")  # full weights, or only the adapter with LoRA
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()
         torch.save({"learner": self.learner.state_dict(), "step": self.step,
                     "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
                     "python_rng": random.getstate()}, tmp / "state.pt")
@@ -169,6 +217,13 @@ class Trainer:
         ckpts = sorted((self.out / "checkpoints").glob("step_*[0-9]"))
         for old in ckpts[: max(0, len(ckpts) - self.cfg.keep_checkpoints)]:
             shutil.rmtree(old)
+        for old in ckpts[max(0, len(ckpts) - self.cfg.keep_checkpoints):-1]:
+            # older kept checkpoints: weights only; the optimizer state (the bulk) is for resuming the newest
+            state = old / "state.pt"
+            if state.exists():
+                light = torch.load(state, weights_only=False)
+                if "learner" in light:
+                    torch.save({"step": light["step"], "resumable": False}, state)
         return d
 
     def load_checkpoint(self, d: Path) -> None:
@@ -177,7 +232,7 @@ class Trainer:
         weights = {}
         for f in sorted(model_dir.glob("*.safetensors")):
             weights.update(load_file(f))
-        target = self.policy.model
+        target = self.learner.model
         if (model_dir / "adapter_config.json").exists():
             from peft import set_peft_model_state_dict
             set_peft_model_state_dict(target, weights)
@@ -188,6 +243,8 @@ class Trainer:
                 raise RuntimeError(f"checkpoint {d} does not match the model: missing {real_missing[:3]}, "
                                    f"unexpected {unexpected[:3]}")
         state = torch.load(d / "state.pt", weights_only=False)
+        if "learner" not in state:
+            raise FileNotFoundError(f"checkpoint {d} holds weights only (not the newest one); resume needs the newest")
         self.learner.load_state_dict(state["learner"])
         self.step = int(state["step"])
         torch.set_rng_state(state["torch_rng"])
@@ -218,26 +275,38 @@ class Trainer:
                     self._tb.add_scalar(k, v, int(row["step"]))
 
     def evaluate(self, tag: str) -> tuple[dict[str, float], list[Any]]:
-        metrics, trajectories = held_out_eval(self.eval_engine, self.cfg)
+        from tqdm import tqdm
+        with tqdm(total=self.cfg.eval.episodes, desc=f"eval {tag} (held-out, greedy)", unit="ep", leave=False,
+                  position=1 if self._bar is not None else 0) as bar:
+            def progress(done: int, total: int) -> None:
+                bar.update(done - bar.n)
+            metrics, trajectories = held_out_eval(self.eval_engine, self.cfg, progress=progress)
         m = {"step": float(self.step), **metrics}
         self.evals.append({"tag": tag, **m})
         self.log(f"[eval {tag} @ step {self.step}] success {m['eval/success_rate']:.3f}  reward {m['eval/reward_mean']:+.3f}")
         return m, trajectories
 
     # ------------------------------------------------------------------ loop
-    def train(self, resume: bool = False) -> dict[str, Any]:
+    def train(self, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+        """Run to ``cfg.steps``. A non-empty output directory is refused unless ``resume`` (continue from
+        its last checkpoint) or ``overwrite`` (delete it first); see :mod:`agentgym.runs`."""
         from tqdm import tqdm
+
+        from agentgym.runs import prepare_output_dir
         cfg = self.cfg
+        prepare_output_dir(self.out, resume=resume, overwrite=overwrite, command="train")
         save_config(cfg, self.out / "config.yaml")
         if resume:
             ckpt = self.latest_checkpoint()
             if ckpt is None:
                 raise FileNotFoundError(f"--resume: no checkpoint in {self.out / 'checkpoints'}")
             self.load_checkpoint(ckpt)
+            if not self.colocated:
+                self.policy.sync_weights(self.learner.policy_weights())
             self.log(f"resumed from {ckpt} (step {self.step})")
         if self.step == 0 and not any(ev["tag"] == "before" for ev in self.evals):
             self.evaluate("before")
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.algo} on {cfg.env}", unit="step")
+        bar = self._bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.algo} on {cfg.env}", unit="step")
         while self.step < cfg.steps:
             t0 = time.perf_counter()
             seed = _step_seed(cfg.seed, self.step)
@@ -246,23 +315,28 @@ class Trainer:
                                         seed=seed, env_kwargs=cfg.env_kwargs)
             t_roll = time.perf_counter() - t0
             upd = self.learner.update(batch.trajectories)
+            # the sampler gets the new weights (a no-op when it is the trained module itself)
+            sync_s = self.policy.sync_weights(self.learner.model if self.colocated else self.learner.policy_weights())
             self.step += 1
             dt = time.perf_counter() - t0
             row = {"step": float(self.step), **{f"rollout/{k}": v for k, v in batch.metrics.items()},
                    **{f"train/{k}": float(v) for k, v in upd.items()},
-                   "time/step_s": dt, "time/rollout_s": t_roll,
+                   "time/step_s": dt, "time/rollout_s": t_roll, "time/sync_s": float(sync_s or 0.0),
                    "perf/tokens_per_s": batch.metrics.get("generated_tokens", 0.0) / max(dt, 1e-9)}
             self.history.append(row)
             self._log_row(row)
             if self.on_step is not None:
                 self.on_step(self.step, batch, row)
             bar.update(1)
-            bar.set_postfix(reward=f"{batch.metrics['reward_mean']:+.3f}", success=f"{batch.metrics['success_rate']:.2f}")
+            # the training batch's own (sampled) reward and success; held-out success is the eval's
+            bar.set_postfix(batch_reward=f"{batch.metrics['reward_mean']:+.3f}",
+                            batch_success=f"{batch.metrics['success_rate']:.2f}")
             if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
                 self.evaluate(f"step{self.step}")
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.save_checkpoint()
         bar.close()
+        self._bar = None
         final, trajs = self.evaluate("after")
         self.save_checkpoint()
         (self.out / "evals.json").write_text(json.dumps(self.evals, indent=1))

@@ -11,7 +11,7 @@ from agentgym.policy import Generation, SamplingParams, cut_at_stop
 
 from agentgym.policies.models import DEFAULT_MODEL, load_model, load_tokenizer, tiny_random_model
 
-__all__ = ["TransformersPolicy"]
+__all__ = ["TransformersPolicy", "load"]
 
 
 class TransformersPolicy:
@@ -19,7 +19,8 @@ class TransformersPolicy:
 
     Prompts of different lengths are left-padded into one batch. Log-probs are log-softmax of
     ``logits / temperature`` at the sampled token (what a learner recomputes for ratios).
-    ``model`` (the torch module) is what learners train; ``value_head`` is attached by PPO.
+    ``model`` (the torch module) is what a colocated learner trains in place: then
+    :meth:`sync_weights` has nothing to copy.
 
     Args:
         model: a ``transformers`` causal LM (already on its device).
@@ -32,7 +33,6 @@ class TransformersPolicy:
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.name = name or getattr(getattr(model, "config", None), "_name_or_path", "model")
-        self.value_head: torch.nn.Module | None = None
         eos = {tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         if isinstance(gen_eos, int):
@@ -55,6 +55,29 @@ class TransformersPolicy:
         """A 2-layer random Llama with a real tokenizer: for tests and benchmarks of the machinery."""
         tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
         return cls(tiny_random_model(tok, seed=seed), tok, name="tiny-random", **kwargs)
+
+    def sync_weights(self, weights: Any) -> float:
+        """Load new weights (an ``nn.Module`` or ``(name, tensor)`` pairs); returns the seconds taken.
+
+        A learner that trains this policy's own module (the default with the hf backend) passes that
+        module, or a PEFT wrapper around it: the weights are already in place and nothing is copied."""
+        import time
+        t0 = time.perf_counter()
+        if isinstance(weights, torch.nn.Module):
+            mine = {id(p) for p in self.model.parameters()}
+            if any(id(p) in mine for p in weights.parameters()):
+                return 0.0
+            weights = weights.state_dict().items()
+        state = {k: v for k, v in weights}
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
+        if missing or unexpected:
+            raise ValueError(f"sync_weights: weights do not match the model (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]})")
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Nothing to release (the module is garbage-collected with the policy)."""
 
     @property
     def device(self) -> torch.device:
@@ -116,3 +139,10 @@ class TransformersPolicy:
             gens.append(Generation(ids, logp[r, :end].tolist(),
                                    self.tokenizer.decode(ids, skip_special_tokens=True), reason))
         return gens
+
+
+def load(model_dir: str, *, tokenizer: Any = None, device: str | None = None, dtype: Any = None, seed: int = 0,
+         **options: Any) -> TransformersPolicy:
+    """The ``hf`` entry of :data:`agentgym.policies.loading.POLICY_BACKENDS`."""
+    model = load_model(model_dir, device=device, dtype=dtype)
+    return TransformersPolicy(model, tokenizer if tokenizer is not None else load_tokenizer(model_dir), **options)

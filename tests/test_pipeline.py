@@ -13,7 +13,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from agentgym.algorithms.checkpoints import load_trained_policy, trainer_checkpoint
+from agentgym.policies.loading import load_trained_policy, trainer_checkpoint
 from agentgym.cli import main
 from agentgym.evaluation import env_takes_split
 
@@ -109,4 +109,4 @@ def test_eval_config_file_reports_toolcall_evaluator_metrics(tmp_path):
         assert f"reward/{term}" in m and f"reward/{term}" in s
     assert m["reward_mean"] == pytest.approx(1.0) and s["reward_mean"] == pytest.approx(0.0)
     assert s["turns_mean"] > 0                                                  # tasks differ in length
-    assert env_takes_split("agentgym/ToolCall-v0") and not env_takes_split("agentgym/CodeExec-v0")
+    assert env_takes_split("agentgym/ToolCall-v0") and env_takes_split("agentgym/CodeExec-v0")  # held-out split too

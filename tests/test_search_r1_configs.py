@@ -52,7 +52,7 @@ def test_shared_search_r1_values(name):
     lc = cfg.learner
     assert lc.lr == 1e-6 and lc.warmup_ratio == 0.285 and lc.schedule == "constant"
     assert lc.clip_eps == 0.2 and lc.clip_eps_high is None and lc.entropy_coef == 0.001 and lc.epochs == 1
-    assert lc.kl_coef == 0.001 and lc.temperature == cfg.sampling.temperature
+    assert lc.kl_coef == 0.001 and lc.temperature is None  # the learner follows sampling.temperature
     assert lc.mask_env_tokens is True and lc.minibatch_size == 256 and lc.max_grad_norm == 1.0
 
 

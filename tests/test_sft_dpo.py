@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from agentgym.algorithms.dpo import DPORunConfig, TokenPreferenceCollator, build_dpo_trainer
-from agentgym.algorithms.offline_data import (CollectConfig, RolloutSettings, collect_trajectories, dpo_dataset,
+from agentgym.algorithms.offline_data import (CollectConfig, collect_trajectories, offline_rollout, dpo_dataset,
                                               dpo_example, preference_pairs, sft_dataset, source_policy, successful)
 from agentgym.algorithms.sft import SFTRunConfig, build_sft_trainer, run_sft
 from agentgym.cli import main
@@ -40,8 +40,10 @@ def oracle_policy(env: str):
 
 
 def collect(policy, env, env_kwargs=None, episodes=4, samples=1, max_new_tokens=256):
-    data = CollectConfig(episodes=episodes, samples_per_task=samples, max_new_tokens=max_new_tokens)
-    return collect_trajectories(policy, env, env_kwargs or {}, data, RolloutSettings())
+    data = CollectConfig(episodes=episodes, samples_per_task=samples)
+    rollout = offline_rollout()
+    rollout = rollout.replace(sampling=rollout.sampling.replace(max_new_tokens=max_new_tokens))
+    return collect_trajectories(policy, env, env_kwargs or {}, data, rollout)
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +128,7 @@ def test_sft_run_lowers_the_loss_on_oracle_data_and_exports_a_loadable_model(tmp
     assert json.loads((out / "data_summary.json").read_text())["source_success_rate"] == 1.0
     assert not (out / "trainer").exists()                   # no empty HF-trainer folder left behind
 
-    from agentgym.algorithms.checkpoints import load_trained_policy
+    from agentgym.policies.loading import load_trained_policy
     data = sft_dataset(collect(oracle_policy(ARITH), ARITH, ARITH_KW, episodes=4))
     before = masked_nll(fresh_tiny(seed=0).model, data)     # the run's starting point (tiny-random, seed 0)
     trained = load_trained_policy(str(out))                 # the output dir loads as a policy
@@ -141,7 +143,7 @@ def test_lora_sft_output_kept_as_an_adapter_loads_merged_into_its_base(tmp_path)
         "optim.lr=1e-2", "lora={r: 4, alpha: 8}", "merge_lora=false", f"output_dir={out}"])
     run_sft(cfg)
     assert (out / "model" / "adapter_config.json").exists() and not (out / "model" / "config.json").exists()
-    from agentgym.algorithms.checkpoints import load_trained_policy
+    from agentgym.policies.loading import load_trained_policy
     loaded = load_trained_policy(str(out)).model           # the run's config.yaml names the base
     assert type(loaded).__name__ == "LlamaForCausalLM"     # merged: a plain model again
     init = fresh_tiny(seed=0).model.state_dict()

@@ -74,11 +74,8 @@ def load_train_config(args: argparse.Namespace) -> Any:
 
 def evaluate_baseline(policy: Any, cfg: Any, retrieval: str) -> tuple[dict[str, float], float]:
     """Greedy, one generation per question, on the RL runs' eval questions; (metrics, wall seconds)."""
-    from agentgym.policy import SamplingParams
-    from agentgym.rollout import RolloutConfig, RolloutEngine
-    sampling = SamplingParams(max_new_tokens=cfg.sampling.max_new_tokens, greedy=True)
-    engine = RolloutEngine(policy, RolloutConfig(sampling=sampling, max_obs_tokens=cfg.max_obs_tokens,
-                                                 max_context_tokens=cfg.max_context_tokens))
+    from agentgym.rollout import RolloutEngine
+    engine = RolloutEngine(policy, cfg.rollout.greedy())  # the RL runs' layout, greedy
     kwargs = {**cfg.env_kwargs, **cfg.eval.env_kwargs, "retrieval": retrieval, "max_turns": 1, "forced_answer": False}
     first, n = cfg.eval.first_task, cfg.eval.episodes
     t0 = time.perf_counter()

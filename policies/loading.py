@@ -1,0 +1,286 @@
+"""Loading what agentgym writes back as a policy, so every stage's output feeds the next stage.
+
+A *model spec* names a causal LM everywhere a command takes one (``agentgym train model=…``,
+``agentgym sft model=…``, ``agentgym dpo model=…``, ``agentgym eval --policy …``):
+
+* ``tiny-random`` — the 2-layer random Llama (tests, smoke runs); seeded by the run's seed;
+* a trainer **run directory** (``runs/train``: its latest checkpoint), a **checkpoint directory**
+  (``runs/train/checkpoints/step_000006``) or that checkpoint's ``model/`` folder. Checkpoints hold
+  only weights (all of them, or only the LoRA adapter), so the run's ``config.yaml`` names the base
+  model that gives the tokenizer (and, for LoRA, the frozen weights the adapter is merged into);
+* an SFT / DPO **output directory** (``runs/sft``: its ``model/`` folder is a plain Hugging Face
+  model directory with the tokenizer, or with ``merge_lora=false`` an adapter that is merged into
+  the base named by the run's ``config.yaml`` on load), or any plain model directory itself;
+* anything :func:`agentgym.policies.models.resolve_model` knows: ``smollm2``, a ``.gguf`` file, a
+  hub id.
+
+Chains resolve recursively: a GRPO run started from an SFT output names that output as its base.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["trainer_checkpoint", "load_trained_policy", "load_tokenizer_for", "export_model", "load_policy",
+           "POLICY_BACKENDS", "check_model_spec", "model_directory", "BackendUnavailable", "default_backend"]
+
+#: Generation backends: name -> ``module:function(model_dir, *, tokenizer, device, dtype, seed) -> policy``.
+#: A new backend is one file plus one line here.
+POLICY_BACKENDS = {
+    "hf": "agentgym.policies.transformers_policy:load",
+    "vllm": "agentgym.policies.vllm_policy:load",
+}
+
+
+class BackendUnavailable(ImportError):
+    """A generation backend's package is not installed here (the message says how to install it)."""
+
+TINY_RANDOM = "tiny-random"
+
+
+def _latest_checkpoint(run_dir: Path) -> Path | None:
+    ckpts = sorted((run_dir / "checkpoints").glob("step_*[0-9]"))
+    return ckpts[-1] if ckpts else None
+
+
+def trainer_checkpoint(path: str | Path) -> Path | None:
+    """The trainer checkpoint directory ``path`` designates (run dir → latest), or None if it is none."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        return None
+    if p.name == "model" and (p.parent / "state.pt").exists():
+        return p.parent
+    if (p / "state.pt").exists() and (p / "model").is_dir():
+        return p
+    if (p / "checkpoints").is_dir():
+        ckpt = _latest_checkpoint(p)
+        if ckpt is None:
+            raise FileNotFoundError(f"{p} is a training run without checkpoints (it was stopped before the first one)")
+        return ckpt
+    return None
+
+
+def _run_base(cfg_path: Path) -> tuple[str, int]:
+    """(base model spec, seed) from a run's resolved ``config.yaml``."""
+    import yaml
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"no run config at {cfg_path}; it names the base model of these weights")
+    cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    base = str(cfg.get("model", ""))
+    if not base:
+        raise FileNotFoundError(f"{cfg_path} does not name a model")
+    return base, int(cfg.get("seed", 0))
+
+
+def _output_model_dir(p: Path) -> Path:
+    """An SFT / DPO output directory's ``model/`` folder, else ``p`` itself."""
+    inner = p / "model"
+    if (inner / "config.json").exists() or (inner / "adapter_config.json").exists():
+        return inner
+    return p
+
+
+def load_tokenizer_for(spec: str) -> Any:
+    """The tokenizer of a model spec (see the module docstring), without loading any weights."""
+    from agentgym.policies.models import load_tokenizer
+    if spec == TINY_RANDOM:
+        return load_tokenizer()
+    ckpt = trainer_checkpoint(spec)
+    if ckpt is not None:
+        return load_tokenizer_for(_run_base(ckpt.parent.parent / "config.yaml")[0])
+    p = Path(spec).expanduser()
+    return load_tokenizer(str(_output_model_dir(p)) if p.is_dir() else spec)  # outputs hold their tokenizer
+
+
+def load_trained_policy(spec: str, *, device: str | None = None, dtype: Any = None, seed: int = 0) -> Any:
+    """A :class:`~agentgym.policies.transformers_policy.TransformersPolicy` from any model spec.
+
+    LoRA checkpoints come back merged into their base (a plain model: the next stage may add its
+    own adapter). ``seed`` only matters for ``tiny-random``.
+    """
+    from agentgym.policies.models import load_model
+    from agentgym.policies.transformers_policy import TransformersPolicy
+    if spec == TINY_RANDOM:
+        return TransformersPolicy.tiny_random(seed=seed)
+    ckpt = trainer_checkpoint(spec)
+    if ckpt is not None:
+        base, base_seed = _run_base(ckpt.parent.parent / "config.yaml")
+        model_dir = ckpt / "model"
+        if (model_dir / "adapter_config.json").exists():
+            return _merged_adapter(model_dir, base, base_seed, spec, device, dtype)
+        return TransformersPolicy(load_model(str(model_dir), device=device, dtype=dtype), load_tokenizer_for(base), name=spec)
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        model_dir = _output_model_dir(p)
+        if (model_dir / "adapter_config.json").exists() and not (model_dir / "config.json").exists():
+            # an SFT / DPO output kept as an adapter (merge_lora=false): its run config names the base
+            base, base_seed = _run_base(model_dir.parent / "config.yaml")
+            return _merged_adapter(model_dir, base, base_seed, spec, device, dtype)
+        if not (model_dir / "config.json").exists():
+            raise FileNotFoundError(f"{p} holds no model (no config.json, no model/ folder, no checkpoints/); "
+                                    "did the run that writes it finish?")
+        return TransformersPolicy.from_pretrained(str(model_dir), device=device, dtype=dtype)
+    return TransformersPolicy.from_pretrained(spec, device=device, dtype=dtype)
+
+
+def _merged_adapter(adapter_dir: Path, base: str, base_seed: int, name: str, device: str | None, dtype: Any) -> Any:
+    """The base model spec's policy with the LoRA adapter in ``adapter_dir`` merged in."""
+    from peft import PeftModel
+
+    from agentgym.policies.transformers_policy import TransformersPolicy
+    policy = load_trained_policy(base, device=device, dtype=dtype, seed=base_seed)
+    merged = PeftModel.from_pretrained(policy.model, str(adapter_dir)).merge_and_unload()
+    return TransformersPolicy(merged.eval(), policy.tokenizer, name=name)
+
+
+def export_model(model: Any, tokenizer: Any, out_dir: str | Path, *, merge_lora: bool = True) -> Path:
+    """Save a trained model as a plain Hugging Face directory (weights + tokenizer) that
+    :func:`load_trained_policy`, ``transformers`` and other tools load directly.
+
+    A ``peft`` model is merged into its base first unless ``merge_lora`` is False (then only the
+    adapter is written, for users who keep adapters separate).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover
+        PeftModel = ()  # type: ignore[assignment]
+    if isinstance(model, PeftModel) and merge_lora:
+        model = model.merge_and_unload()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+# --------------------------------------------------------------------------- one loader for every command
+
+def check_model_spec(spec: str) -> None:
+    """Fail fast (before anything loads) when ``spec`` names no model: FileNotFoundError with the reason."""
+    from agentgym.policies.models import resolve_model
+    if spec in (TINY_RANDOM, "oracle") or spec.startswith("openai:"):
+        return
+    if trainer_checkpoint(spec) is not None:
+        return
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        model_dir = _output_model_dir(p)
+        if not ((model_dir / "config.json").exists() or (model_dir / "adapter_config.json").exists()):
+            raise FileNotFoundError(f"{p} holds no model (no config.json, no model/ folder, no checkpoints/)")
+        return
+    resolve_model(spec)
+
+
+def default_backend() -> str:
+    """``vllm`` on a CUDA machine where vLLM is installed (every peer rolls out with it), else ``hf``.
+    On CPU the default stays ``hf``: the only CPU build of vLLM is a third-party package (opt-in)."""
+    import importlib.util
+    try:
+        import torch
+        cuda = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        cuda = False
+    return "vllm" if cuda and importlib.util.find_spec("vllm") is not None else "hf"
+
+
+def _backend_loader(backend: str) -> Any:
+    import importlib
+    if backend not in POLICY_BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(POLICY_BACKENDS)}")
+    module, _, fn = POLICY_BACKENDS[backend].partition(":")
+    try:
+        return getattr(importlib.import_module(module), fn)
+    except BackendUnavailable:
+        raise
+    except ImportError as e:
+        raise BackendUnavailable(f"the {backend} backend cannot be imported here ({e})") from None
+
+
+def model_directory(spec: str, *, seed: int = 0) -> Path | str:
+    """A plain Hugging Face model directory (config.json + weights) for ``spec``, for engines that load
+    from disk (vLLM). LoRA checkpoints and ``tiny-random`` are materialised once into the cache;
+    a hub id is returned as is (the engine downloads it where a hub is reachable)."""
+    import hashlib
+
+    from agentgym.policies.models import _ensure_plain_copy, cache_dir, resolve_model
+    if spec == TINY_RANDOM:
+        target = cache_dir() / f"tiny-random-seed{seed}"
+        if not (target / "config.json").exists():
+            policy = load_trained_policy(spec, seed=seed)
+            export_model(policy.model, policy.tokenizer, target)
+        return target
+    ckpt = trainer_checkpoint(spec)
+    p = Path(spec).expanduser()
+    if ckpt is not None:
+        source = ckpt / "model"
+    elif p.is_dir():
+        source = _output_model_dir(p)
+    else:
+        src = resolve_model(spec)
+        plain = _ensure_plain_copy(src) if src.gguf_file else None
+        return plain if plain is not None else src.path
+    if (source / "config.json").exists() and not (source / "adapter_config.json").exists():
+        return source
+    # weights that need their base (a LoRA adapter): merge once into the cache
+    key = hashlib.sha1(str(source.resolve()).encode()).hexdigest()[:12]
+    target = cache_dir() / f"merged-{key}"
+    if not (target / "config.json").exists():
+        policy = load_trained_policy(spec, seed=seed)
+        export_model(policy.model, policy.tokenizer, target)
+    return target
+
+
+def load_policy(spec: str, backend: str | None = None, *, env_id: str | None = None, device: str | None = None,
+                dtype: Any = None, seed: int = 0, notice: Any = None, **options: Any) -> Any:
+    """The one policy loader: every command (eval, train, compare, sft, dpo, the TRL adapter) uses it.
+
+    ``spec``: a model spec (see the module docstring), ``oracle`` (the env's scripted reference policy,
+    needs ``env_id``) or ``openai:MODEL@BASE_URL`` (a hosted chat endpoint; evaluation only).
+    ``backend``: ``hf`` (transformers; trainable in place), ``vllm``, or None for
+    :func:`default_backend`. When the requested backend is not installed, ``notice`` (default: print
+    to stderr) gets one line and the ``hf`` backend is used.
+    """
+    if spec.startswith("openai:"):
+        from agentgym.policies.openai_policy import OpenAIChatPolicy
+        model, sep, url = spec[len("openai:"):].partition("@")
+        if not sep or not model or not url:
+            raise ValueError("use openai:MODEL@BASE_URL (e.g. openai:qwen@http://127.0.0.1:8000/v1)")
+        return OpenAIChatPolicy(base_url=url, model=model)
+    if spec == "oracle":
+        import agentgym
+        from agentgym.policies.models import load_tokenizer
+        from agentgym.policies.scripted import ScriptedPolicy
+        if env_id is None:
+            raise ValueError("the oracle policy needs an env")
+        env = agentgym.make(env_id)
+        oracle = getattr(env.unwrapped, "oracle", None)
+        env.close()
+        if oracle is None:
+            raise ValueError(f"{env_id} defines no oracle")
+        return ScriptedPolicy(load_tokenizer(), oracle)
+    backend = resolve_backend(backend, notice=notice)
+    if backend != "hf":
+        load = _backend_loader(backend)
+        return load(str(model_directory(spec, seed=seed)), tokenizer=load_tokenizer_for(spec), device=device,
+                    dtype=dtype, seed=seed, **options)
+    if isinstance(dtype, str):
+        import torch
+        dtype = getattr(torch, dtype)
+    return load_trained_policy(spec, device=device, dtype=dtype, seed=seed)
+
+
+def resolve_backend(backend: str | None, notice: Any = None) -> str:
+    """The backend to use: ``backend`` (None: :func:`default_backend`) when it can be imported here,
+    else ``hf`` after one line to ``notice`` (default: stderr) saying why."""
+    import sys
+    backend = backend or default_backend()
+    if backend == "hf":
+        return backend
+    try:
+        _backend_loader(backend)
+    except BackendUnavailable as e:
+        say = notice or (lambda m: print(m, file=sys.stderr))
+        say(f"[agentgym] backend {backend!r} unavailable: {e}; using the hf backend")
+        return "hf"
+    return backend

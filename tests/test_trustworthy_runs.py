@@ -1,0 +1,145 @@
+"""Issue 13 through the CLI as a user types it: one rollout config (the learner follows the sampling
+temperature), runs that are never overwritten, config errors before any model loads, exit codes,
+checkpoints on disk, --import from the current directory, the eval of a run with its own layout."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentgym.cli import choose_threads, main
+
+TINY = ["model=tiny-random", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=6", "eval.episodes=2",
+        "tensorboard=false"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _rows(out: Path) -> list[dict[str, str]]:
+    with (out / "train_log.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentgym.cli", *args], capture_output=True, text=True,
+                          timeout=600, env=ENV, cwd=cwd)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo", "reinforce"])
+def test_learner_recomputes_logprobs_at_the_sampling_temperature(tmp_path, algo):
+    """lr=0 and T=0.7: the first update's ratios are exactly 1 (the bug: the learner used T=1)."""
+    out = tmp_path / algo
+    assert main(["train", *TINY, f"algo={algo}", "steps=1", "learner.lr=0", "sampling.temperature=0.7",
+                 f"output_dir={out}"]) == 0
+    row = _rows(out)[0]
+    assert float(row["train/temperature"]) == pytest.approx(0.7)
+    assert abs(float(row["train/approx_kl"])) < 1e-6
+    assert float(row["train/ratio_mean"]) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_second_run_never_overwrites_a_finished_one(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "steps=1", f"output_dir={out}"]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["train", *TINY, "steps=2", f"output_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds" in err and "--resume" in err and "--overwrite" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before   # nothing touched
+    # --resume continues it (2 steps now), --overwrite replaces it
+    assert main(["train", *TINY, "steps=2", f"output_dir={out}", "--resume"]) == 0
+    assert [r["step"] for r in _rows(out)] == ["1.0", "2.0"]
+    assert main(["train", *TINY, "steps=1", f"output_dir={out}", "--overwrite"]) == 0
+    assert [r["step"] for r in _rows(out)] == ["1.0"]
+    assert main(["train", *TINY, "steps=1", f"output_dir={out}", "--overwrite", "--resume"]) == 2
+
+
+@pytest.mark.parametrize("override, key", [("steps=-3", "steps"), ("group_size=0", "group_size"),
+                                           ("sampling.top_p=1.5", "top_p"), ("sampling.temperature=0", "temperature"),
+                                           ("learner.lr=-1", "lr"), ("algo=foo", "algo"), ("env=NoSuch-v0", "env"),
+                                           ("model=/no/such/model/dir", "model"), ("style=xml", "style"),
+                                           ("learner.temperature=0.5", "temperature"), ("backend=tgi", "backend"),
+                                           ("eval.episodes=0", "episodes")])
+def test_bad_config_values_exit_2_naming_the_key_before_anything_loads(tmp_path, capsys, override, key):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, override, f"output_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert key in err and "Traceback" not in err and len(err.splitlines()) <= 2
+    assert not out.exists()   # refused before the run directory (or a model) was made
+
+
+def test_other_commands_refuse_a_used_output_dir(tmp_path, capsys):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "config.yaml").write_text("model: smollm2\n")
+    for cmd in (["sft", "model=tiny-random"], ["dpo", "model=tiny-random"]):
+        assert main([*cmd, f"output_dir={used}"]) == 2
+        assert "already holds" in capsys.readouterr().err
+    assert main(["compare", "--algos", "grpo", "--seeds", "1", "--steps", "1", "--out", str(used), *TINY]) == 2
+    assert (used / "config.yaml").read_text() == "model: smollm2\n"
+
+
+def test_exit_codes_in_a_real_process(tmp_path):
+    r = _cli("train", "steps=-3", f"output_dir={tmp_path / 'x'}")
+    assert r.returncode == 2 and "steps" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("eval", "Arithmetic-v0", "--policy", str(tmp_path / "missing-run"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_checkpoints_keep_resume_state_only_in_the_newest(tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "algo=grpo", "steps=3", "checkpoint_every=1", "keep_checkpoints=2",
+                 f"output_dir={out}"]) == 0
+    ckpts = sorted((out / "checkpoints").glob("step_*"))
+    assert [c.name for c in ckpts] == ["step_000002", "step_000003"]
+    assert "learner" in torch.load(ckpts[-1] / "state.pt", weights_only=False)
+    assert "learner" not in torch.load(ckpts[0] / "state.pt", weights_only=False)   # weights only
+    out0 = tmp_path / "run0"
+    assert main(["train", *TINY, "steps=2", "checkpoint_every=0", f"output_dir={out0}"]) == 0
+    assert [c.name for c in (out0 / "checkpoints").glob("step_*")] == ["step_000002"]   # the final one only
+
+
+def test_eval_of_a_run_uses_its_layout(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "steps=1", "max_obs_tokens=100", "sampling.max_new_tokens=5",
+                 f"output_dir={out}"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "Math-v0", "--policy", str(out), "--episodes", "1", "-e", "difficulty=0"]) == 0
+    printed = capsys.readouterr().out
+    assert "max_obs_tokens=100" in printed and "max_new_tokens=5" in printed
+    assert main(["eval", "Math-v0", "--policy", str(out), "--episodes", "1", "--max-new-tokens", "7",
+                 "-e", "difficulty=0"]) == 0
+    assert "max_new_tokens=7" in capsys.readouterr().out   # flags still win
+
+
+def test_import_resolves_from_the_current_directory(tmp_path):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "envs.py").write_text(textwrap.dedent("""
+        import agentgym
+        from agentgym.envs.arithmetic import ArithmeticEnv
+        agentgym.register("MyArith-v0", entry_point=ArithmeticEnv)
+    """))
+    env = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-m", "agentgym.cli", "--import", "mypkg.envs", "list"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "agentgym/MyArith-v0" in r.stdout
+
+
+def test_thread_choice(monkeypatch):
+    assert choose_threads(3) == (3, "--threads")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert choose_threads()[0] == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(os, "getloadavg", lambda: (50.0, 0.0, 0.0))
+    assert choose_threads()[0] == 1            # every core busy: one thread
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert choose_threads()[0] == len(os.sched_getaffinity(0))
