@@ -311,11 +311,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     if cfg.algo.lower() not in LEARNERS:
         raise ConfigError(f"algo: unknown algorithm {cfg.algo!r} for `agentgym train`; choose from {', '.join(sorted(LEARNERS))}"
                           + (" (trl-grpo runs through `agentgym compare --algos trl-grpo`)" if cfg.algo == "trl-grpo" else ""))
-    prepare_output_dir(cfg.output_dir, resume=args.resume, overwrite=args.overwrite, command="train")  # before loading
-    _set_threads(args.threads, verbose=True)
-    print(f"[train] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.steps} steps x "
-          f"{cfg.groups_per_step}x{cfg.group_size} episodes -> {cfg.output_dir}")
-    result = Trainer(cfg).train(resume=args.resume)
+    from agentgym.algorithms.distributed import env_rank
+    main_rank = env_rank() == 0           # under torchrun only rank 0 writes and prints
+    if main_rank:
+        prepare_output_dir(cfg.output_dir, resume=args.resume, overwrite=args.overwrite, command="train")  # before loading
+    _set_threads(args.threads, verbose=main_rank)
+    if main_rank:
+        print(f"[train] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.steps} steps x "
+              f"{cfg.groups_per_step}x{cfg.group_size} episodes -> {cfg.output_dir}")
+    try:
+        result = Trainer(cfg).train(resume=args.resume)
+    finally:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    if not main_rank:
+        return 0
     b, a = result["before"], result["after"]
     _print_metrics({"success before": b["eval/success_rate"], "success after": a["eval/success_rate"],
                     "reward before": b["eval/reward_mean"], "reward after": a["eval/reward_mean"]},

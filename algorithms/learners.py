@@ -239,9 +239,15 @@ class Learner:
     surrogate = "clip"       # "clip" (ratio clipping) or "reinforce" (-A log p)
     uses_values = False
 
-    def __init__(self, policy: Any, config: LearnerConfig | None = None, *, separate_sampler: bool = False):
+    def __init__(self, policy: Any, config: LearnerConfig | None = None, *, separate_sampler: bool = False,
+                 fsdp: bool = False):
         self.policy = policy
         self.config = cfg = config or LearnerConfig()
+        # data-parallel under torchrun (see algorithms/distributed.py): every rank gets the same global
+        # batch and computes its share of the micro-batches; None in one process
+        from agentgym.algorithms.distributed import current
+        self.dist = current()
+        self.fsdp = fsdp and self.dist is not None
         # True when another engine (vLLM) samples the rollouts: see ``LearnerConfig.old_logprobs``
         self.separate_sampler = separate_sampler
         if cfg.schedule != "constant" and cfg.total_steps is None:
@@ -540,9 +546,24 @@ class Learner:
         num_tokens, num_seqs = float(mb_mask.sum()), float(len(mb))
         losses: dict[str, float] = {}
         token_stats: dict[str, float] = {}
+        micros: list[Batch | None] = list(mb.micro_batches(cfg.micro_batch_size))
+        scale = 1.0
+        if self.dist is not None:  # this rank's share (round-robin); the loss is normalised globally
+            micros = micros[self.dist.rank::self.dist.world_size]
+            if self.fsdp:  # FSDP averages gradients and needs the same number of passes on every rank
+                rounds = -(-len(list(mb.micro_batches(cfg.micro_batch_size))) // self.dist.world_size)
+                micros = micros + [None] * (rounds - len(micros))
+                scale = float(self.dist.world_size)
+        finite = True
         self.optimizer.zero_grad(set_to_none=True)
         try:
-            for micro in mb.micro_batches(cfg.micro_batch_size):
+            for micro in micros:
+                if micro is None:  # FSDP padding: a zero-weight pass on the first rows
+                    pad = mb.select([0])
+                    with self._autocast():
+                        out = self._model_outputs(self.model, pad)
+                    (out.logits.sum() * 0.0).backward()
+                    continue
                 mask = micro.train_mask(cfg.mask_env_tokens)
                 with self._autocast():
                     out = self._model_outputs(self.model, micro, hidden=self.uses_values and cfg.critic == "head")
@@ -555,8 +576,11 @@ class Learner:
                     returns=micro.returns if values is not None else None, num_tokens=num_tokens, num_seqs=num_seqs,
                     is_weights=micro.is_weights if cfg.tis_cap is not None else None)
                 if not torch.isfinite(loss):
-                    return None
-                loss.backward()
+                    finite = False
+                    if self.dist is None:
+                        return None
+                    continue
+                (loss * scale).backward()
                 st["loss"] = loss.detach()
                 tokens = float(mask.sum())
                 for k, v in st.items():
@@ -564,6 +588,20 @@ class Learner:
                         losses[k] = losses.get(k, 0.0) + float(v)
                     else:
                         token_stats[k] = token_stats.get(k, 0.0) + float(v) * tokens
+            if self.dist is not None:
+                from agentgym.algorithms.distributed import all_reduce_gradients, gather_lists
+                parts = gather_lists([(finite, losses, token_stats)], self.dist)
+                if not all(f for f, _, _ in parts):
+                    return None
+                losses, token_stats = {}, {}
+                for _, ls, ts in parts:
+                    for k, v in ls.items():
+                        losses[k] = losses.get(k, 0.0) + v
+                    for k, v in ts.items():
+                        token_stats[k] = token_stats.get(k, 0.0) + v
+                managed = {id(p) for p in self.model.parameters()} if self.fsdp else set()
+                all_reduce_gradients([p for p in self.policy_parameters() + self.critic_parameters()
+                                      if id(p) not in managed], self.dist)
             norm = self._clip_gradients()
             if not math.isfinite(norm):
                 return None
@@ -810,11 +848,11 @@ LEARNERS: dict[str, type[Learner]] = {"reinforce": ReinforceLearner, "ppo": PPOL
 
 
 def make_learner(name: str, policy: Any, config: LearnerConfig | None = None, *,
-                 separate_sampler: bool = False) -> Learner:
+                 separate_sampler: bool = False, fsdp: bool = False) -> Learner:
     """``reinforce`` | ``ppo`` | ``grpo`` learner for a trainable policy (``.model``, ``.tokenizer``).
     ``separate_sampler``: another engine samples the rollouts (see ``LearnerConfig.old_logprobs``)."""
     try:
         cls = LEARNERS[name.lower()]
     except KeyError:
         raise ValueError(f"unknown learner {name!r}; choose one of {sorted(LEARNERS)}") from None
-    return cls(policy, config, separate_sampler=separate_sampler)
+    return cls(policy, config, separate_sampler=separate_sampler, fsdp=fsdp)

@@ -80,6 +80,8 @@ class TrainConfig(RolloutViews):
     # generation backend of rollouts and evals: hf (the trained module samples in place), vllm (a
     # separate engine, weights synced after every update), None = vllm on CUDA when installed, else hf
     backend: str | None = None
+    # under torchrun on CUDA: shard the trained model with FSDP2 (needs backend=vllm for rollouts)
+    fsdp: bool = False
     # weights' dtype: None = bf16 on CUDA, fp32 on CPU. "float32" keeps fp32 master weights (bf16
     # autocast still applies with learner.bf16): at lr 1e-6 an AdamW step is far below bf16's resolution.
     dtype: str | None = None
@@ -157,6 +159,14 @@ class Trainer:
         self._print = log
         self._bar: Any = None
         self.out = Path(cfg.output_dir)
+        from agentgym.algorithms.distributed import init_from_env
+        self.dist = init_from_env(cfg.device)   # None in one process; torchrun: this rank's process group
+        self.is_main = self.dist is None or self.dist.is_main
+        if self.dist is not None and cfg.groups_per_step % self.dist.world_size:
+            raise ValueError(f"groups_per_step={cfg.groups_per_step} must be divisible by the number of "
+                             f"processes ({self.dist.world_size})")
+        if cfg.fsdp and (self.dist is None or not torch.cuda.is_available()):
+            raise ValueError("fsdp=true needs torchrun with CUDA devices (FSDP2 shards across GPUs)")
         _set_seed(cfg.seed)
         from agentgym.policies.loading import load_policy, load_trained_policy, resolve_backend
         if policy is None:  # any model spec, including an SFT / DPO output or another run's checkpoint
@@ -172,7 +182,13 @@ class Trainer:
         if lcfg.total_steps is None or lcfg.total_steps <= 0:
             from dataclasses import replace
             lcfg = replace(lcfg, total_steps=cfg.steps)
-        self.learner = make_learner(cfg.algo, policy, lcfg, separate_sampler=not self.colocated)
+        if cfg.fsdp:
+            if self.colocated:
+                raise ValueError("fsdp=true needs backend=vllm: ranks of a sharded model must run the same "
+                                 "forward passes, which per-rank generate() calls do not")
+            from agentgym.algorithms.distributed import apply_fsdp2
+            apply_fsdp2(policy.model)
+        self.learner = make_learner(cfg.algo, policy, lcfg, separate_sampler=not self.colocated, fsdp=cfg.fsdp)
         if not self.colocated:              # the engine starts from exactly the learner's weights
             self.policy.sync_weights(self.learner.policy_weights())
         self.engine = RolloutEngine(self.policy, rollout_config(cfg))
@@ -183,7 +199,9 @@ class Trainer:
         self._tb = None
 
     def log(self, message: str) -> None:
-        """Print above the training bar (never through it)."""
+        """Print above the training bar (never through it); only rank 0 speaks."""
+        if not getattr(self, "is_main", True):
+            return
         if self._bar is not None and self._print is print:
             self._bar.write(message)
         else:
@@ -293,9 +311,12 @@ class Trainer:
         from tqdm import tqdm
 
         from agentgym.runs import prepare_output_dir
+        from agentgym.algorithms.distributed import gather_lists
         cfg = self.cfg
-        prepare_output_dir(self.out, resume=resume, overwrite=overwrite, command="train")
-        save_config(cfg, self.out / "config.yaml")
+        main = self.is_main
+        if main:   # only rank 0 writes (other ranks read checkpoints when resuming)
+            prepare_output_dir(self.out, resume=resume, overwrite=overwrite, command="train")
+            save_config(cfg, self.out / "config.yaml")
         if resume:
             ckpt = self.latest_checkpoint()
             if ckpt is None:
@@ -304,15 +325,22 @@ class Trainer:
             if not self.colocated:
                 self.policy.sync_weights(self.learner.policy_weights())
             self.log(f"resumed from {ckpt} (step {self.step})")
-        if self.step == 0 and not any(ev["tag"] == "before" for ev in self.evals):
+        if main and self.step == 0 and not any(ev["tag"] == "before" for ev in self.evals):
             self.evaluate("before")
-        bar = self._bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.algo} on {cfg.env}", unit="step")
+        bar = self._bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.algo} on {cfg.env}", unit="step",
+                               disable=not main)
+        world, rank = (self.dist.world_size, self.dist.rank) if self.dist is not None else (1, 0)
         while self.step < cfg.steps:
             t0 = time.perf_counter()
-            seed = _step_seed(cfg.seed, self.step)
+            # each rank its own groups and seeds (rank 0's are those of a one-process run)
+            seed = _step_seed(cfg.seed + 100_003 * rank, self.step)
             torch.manual_seed(seed)
-            batch = self.engine.collect(cfg.env, num_groups=cfg.groups_per_step, group_size=cfg.group_size,
+            batch = self.engine.collect(cfg.env, num_groups=cfg.groups_per_step // world, group_size=cfg.group_size,
                                         seed=seed, env_kwargs=cfg.env_kwargs)
+            if self.dist is not None:   # the global batch, in rank order, on every rank
+                trajectories = gather_lists(batch.trajectories, self.dist)
+                timing = {k: v for k, v in batch.metrics.items() if k.startswith("time/")}
+                batch = type(batch)(trajectories, {**summarize(trajectories), **timing})
             t_roll = time.perf_counter() - t0
             upd = self.learner.update(batch.trajectories)
             # the sampler gets the new weights (a no-op when it is the trained module itself)
@@ -324,19 +352,22 @@ class Trainer:
                    "time/step_s": dt, "time/rollout_s": t_roll, "time/sync_s": float(sync_s or 0.0),
                    "perf/tokens_per_s": batch.metrics.get("generated_tokens", 0.0) / max(dt, 1e-9)}
             self.history.append(row)
-            self._log_row(row)
+            if main:
+                self._log_row(row)
             if self.on_step is not None:
                 self.on_step(self.step, batch, row)
             bar.update(1)
             # the training batch's own (sampled) reward and success; held-out success is the eval's
             bar.set_postfix(batch_reward=f"{batch.metrics['reward_mean']:+.3f}",
                             batch_success=f"{batch.metrics['success_rate']:.2f}")
-            if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
+            if main and cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
                 self.evaluate(f"step{self.step}")
-            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+            if main and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.save_checkpoint()
         bar.close()
         self._bar = None
+        if not main:   # the other ranks are done once the last update is in
+            return {"before": None, "after": None, "history": self.history, "output_dir": str(self.out)}
         final, trajs = self.evaluate("after")
         self.save_checkpoint()
         (self.out / "evals.json").write_text(json.dumps(self.evals, indent=1))
