@@ -78,6 +78,10 @@ class RolloutConfig:
             fraction of a generate call, while splitting a batch costs a whole extra call, so fast
             env steps always join (the lockstep's batches) and only slow ones are left for the next
             batch. ``0`` = never wait (pure continuous batching).
+        env_backend: ``thread`` (envs in this process, stepped by a thread pool) or ``ray`` (each env
+            in a Ray actor, see :mod:`agentgym.ray_envs`; same trajectories for the same seeds).
+        env_resources: Ray resource requests of each env actor (e.g. ``{"num_cpus": 1}``); None = none.
+        ray_address: an existing Ray cluster (``HEAD:6379``); None = a local one (started on demand).
     """
     sampling: SamplingParams = field(default_factory=SamplingParams)
     style: str | None = None
@@ -88,6 +92,9 @@ class RolloutConfig:
     mode: str = "async"
     max_concurrent_episodes: int | None = None
     batch_wait_s: float | None = None
+    env_backend: str = "thread"
+    env_resources: dict[str, Any] | None = None
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.sampling, Mapping):
@@ -104,6 +111,8 @@ class RolloutConfig:
             raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {self.mode!r}")
         if self.max_concurrent_episodes is not None and self.max_concurrent_episodes < 1:
             raise ValueError(f"max_concurrent_episodes must be >= 1 or null (all at once), got {self.max_concurrent_episodes}")
+        if self.env_backend not in ("thread", "ray"):
+            raise ValueError(f"env_backend must be thread or ray, got {self.env_backend!r}")
         if self.batch_wait_s is not None and not self.batch_wait_s >= 0:
             raise ValueError(f"batch_wait_s must be >= 0 or null (adaptive), got {self.batch_wait_s}")
 
@@ -477,6 +486,10 @@ class RolloutEngine:
     def _get_envs(self, env: str | Callable[[], gym.Env], n: int, env_kwargs: Mapping[str, Any]) -> list[gym.Env]:
         key = (env, tuple(sorted((k, repr(v)) for k, v in env_kwargs.items())))
         pool = self._envs.setdefault(key, [])
+        if self.config.env_backend == "ray" and len(pool) < n:
+            from agentgym.ray_envs import make_ray_envs
+            pool.extend(make_ray_envs(env, n - len(pool), env_kwargs, address=self.config.ray_address,
+                                      resources=self.config.env_resources))
         while len(pool) < n:
             if callable(env):
                 pool.append(env())

@@ -82,6 +82,9 @@ class TrainConfig(RolloutViews):
     backend: str | None = None
     # under torchrun on CUDA: shard the trained model with FSDP2 (needs backend=vllm for rollouts)
     fsdp: bool = False
+    # > 0: that many generation engines as Ray actors (data-parallel over episodes), weights pushed
+    # to all of them after every update (on the cluster of rollout.ray_address; None: a local one)
+    rollout_workers: int = 0
     # weights' dtype: None = bf16 on CUDA, fp32 on CPU. "float32" keeps fp32 master weights (bf16
     # autocast still applies with learner.bf16): at lr 1e-6 an AdamW step is far below bf16's resolution.
     dtype: str | None = None
@@ -104,6 +107,8 @@ class TrainConfig(RolloutViews):
             raise ValueError("output_dir must not be empty")
         if self.dtype is not None:
             _torch_dtype(self.dtype)
+        if self.rollout_workers < 0:
+            raise ValueError(f"rollout_workers must be >= 0, got {self.rollout_workers}")
         if self.backend not in (None, "hf", "vllm"):
             raise ValueError(f"backend must be hf, vllm or null (default), got {self.backend!r}")
         lt = self.learner.temperature
@@ -173,7 +178,11 @@ class Trainer:
             policy = load_trained_policy(cfg.model, device=cfg.device, dtype=_torch_dtype(cfg.dtype), seed=cfg.seed)
         self.train_policy = policy          # the transformers module the learner trains
         backend = resolve_backend(cfg.backend, notice=self.log)
-        if backend == "hf":
+        if cfg.rollout_workers > 0:         # engines in Ray actors
+            from agentgym.policies.ray_pool import RayPolicyPool
+            self.policy = RayPolicyPool(cfg.model, num_workers=cfg.rollout_workers, backend=backend, seed=cfg.seed,
+                                        address=cfg.rollout.ray_address)
+        elif backend == "hf":
             self.policy = policy            # colocated: samples with the module being trained
         else:                               # a separate engine, loaded from the same weights
             self.policy = load_policy(cfg.model, backend, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
@@ -367,6 +376,7 @@ class Trainer:
         bar.close()
         self._bar = None
         if not main:   # the other ranks are done once the last update is in
+            self.close()
             return {"before": None, "after": None, "history": self.history, "output_dir": str(self.out)}
         final, trajs = self.evaluate("after")
         self.save_checkpoint()
@@ -374,8 +384,16 @@ class Trainer:
         self.write_artifacts(trajs)
         if self._tb is not None:
             self._tb.close()
+        self.close()
         before = next(e for e in self.evals if e["tag"] == "before")
         return {"before": before, "after": final, "history": self.history, "output_dir": str(self.out)}
+
+    def close(self) -> None:
+        """Release a separate sampler (vLLM engine, Ray actors); a colocated policy stays usable."""
+        if not self.colocated:
+            close = getattr(self.policy, "close", None)
+            if close is not None:
+                close()
 
     def write_artifacts(self, eval_trajectories: list[Any]) -> None:
         from agentgym.report import write_html_report
