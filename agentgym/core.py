@@ -50,7 +50,7 @@ def _copy_messages(messages: Sequence[Message]) -> list[Message]:
 
 
 class AgentEnv(gym.Env[list, str]):
-    """Base class for text environments (see ``ARCHITECTURE.md``: Environment contract).
+    """Base class for text environments (see ``docs/architecture.md``: Environment contract).
 
     Subclasses implement :meth:`get_task`, :meth:`initial_messages`, :meth:`transition` and
     :meth:`default_reward`, and set :attr:`num_tasks` (``None`` = procedurally unbounded).

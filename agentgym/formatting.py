@@ -1,6 +1,6 @@
 """Formatter: episode messages → token ids, append-only.
 
-Two styles (ARCHITECTURE.md, Formatter contract):
+Two styles (docs/architecture.md, Formatter contract):
 
 * ``chat`` — every env message is a chat turn rendered with the tokenizer's chat template; a
   generation prompt precedes each policy turn. New turns are rendered as the *difference* between

@@ -4,7 +4,7 @@ build a working SearchQA env against a real retrieval server; and the three load
 additions they need: env_kwargs defaults that belong to the default env, ``critic_warmup_ratio`` and
 ``TrainConfig.dtype``.
 
-Paper values: ``shared/reference/search_r1.md`` (Search-R1 repository, 2025-10-29 snapshot; arXiv 2503.09516).
+Paper values: ``docs/search_r1_protocol.md`` (Search-R1 repository, 2025-10-29 snapshot; arXiv 2503.09516).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Reads a Search-R1 ``test.parquet`` (``agentgym retriever prep``), keeps the rows of the requested
 datasets (``data_source``), runs every question through ``SearchQA-v0`` with the given policy and
-retriever, and reports EM per dataset, as Search-R1's tables do (``shared/reference/search_r1.md``:
+retriever, and reports EM per dataset, as Search-R1's tables do (``docs/search_r1_protocol.md``:
 "Evaluation: greedy decoding, EM per dataset"; the average is over the datasets, unweighted).
 
     python benchmarks/search_r1/evaluate.py --model runs/search_r1/ppo_qwen2.5-3b-instruct/checkpoints/step_001005/model \\
