@@ -331,6 +331,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     _print_metrics({"success before": b["eval/success_rate"], "success after": a["eval/success_rate"],
                     "reward before": b["eval/reward_mean"], "reward after": a["eval/reward_mean"]},
                    f"greedy eval on {cfg.eval.episodes} held-out tasks")
+    g = result.get("gain")
+    if g is not None:
+        print(f"held-out success gain {g['success_gain']:+.3f} (95 % CI [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}], "
+              f"paired bootstrap over {int(g['tasks'])} tasks, one seed): {g['verdict']}")
     print(f"wrote {cfg.output_dir}/curves.png, train_log.csv, eval_trajectories.html, config.yaml")
     return 0
 

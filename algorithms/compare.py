@@ -65,6 +65,7 @@ import numpy as np
 import torch
 
 from agentgym.config import load_config, to_dict
+from agentgym.stats import diff_ci, mean_ci, verdict
 
 from agentgym.algorithms.learners import LEARNERS, LearnerConfig
 from agentgym.algorithms.trainer import TrainConfig, Trainer
@@ -458,9 +459,30 @@ def summarize_runs(records: Sequence[RunRecord], variants: Sequence[Variant], pe
             "train_s": _mean_std(np.nansum(step_s, axis=1)),
             "run_wall_s": _mean_std([r.wall_s for r in runs]),
             "tokens": _mean_std(np.nansum(tokens, axis=1)),
+            # 95 % t intervals over seeds (agentgym.stats.mean_ci), and the per-seed values they rest on
+            "ci": {"final_reward": mean_ci(rewards[:, -1]), "final_success": mean_ci(success[:, -1]),
+                   "auc_reward": mean_ci(np.nanmean(rewards, axis=1)),
+                   "eval_success_after": mean_ci([_g(r.after, "eval/success_rate") for r in runs])},
+            "per_seed": {"final_reward": rewards[:, -1].tolist(), "auc_reward": np.nanmean(rewards, axis=1).tolist(),
+                         "eval_success_after": [_g(r.after, "eval/success_rate") for r in runs]},
         }
     out["_reference"] = {"r0": r0, "best_final": best, "target": target}
+    out["_differences"] = _pairwise_differences(out)
     return out
+
+
+def _pairwise_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every pair of variants, per metric: Welch's 95 % interval of the difference of seed means and
+    whether it excludes 0 (:func:`agentgym.stats.verdict`)."""
+    labels = [k for k in summary if not k.startswith("_")]
+    rows = []
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            for metric in ("final_reward", "auc_reward", "eval_success_after"):
+                ci = diff_ci(summary[a]["per_seed"][metric], summary[b]["per_seed"][metric])
+                rows.append({"a": a, "b": b, "metric": metric, "diff": ci[0], "low": ci[1], "high": ci[2],
+                             "verdict": verdict(ci)})
+    return rows
 
 
 def write_csv(records: Sequence[RunRecord], per_step: int, path: Path) -> None:
@@ -512,9 +534,10 @@ def plot_comparison(records: Sequence[RunRecord], variants: Sequence[Variant], p
             arr = _curve(runs, key)
             x = np.arange(1, arr.shape[1] + 1) * per_step
             m = np.nanmean(arr, axis=0)
-            s = np.nanstd(arr, axis=0, ddof=1) if len(runs) > 1 else np.zeros_like(m)
+            band = np.array([mean_ci(arr[:, j])[1:] for j in range(arr.shape[1])]) if len(runs) > 1 else None
             ax.plot(x, m, marker=".", color=colour, label=f"{v.label} (n={len(runs)})")
-            ax.fill_between(x, m - s, m + s, color=colour, alpha=0.2)
+            if band is not None:
+                ax.fill_between(x, band[:, 0], band[:, 1], color=colour, alpha=0.2)
         before = _mean_std([_g(r.before, "eval/success_rate") for r in runs])
         after = _mean_std([_g(r.after, "eval/success_rate") for r in runs])
         steps = max(len(r.history) for r in runs)
@@ -528,7 +551,7 @@ def plot_comparison(records: Sequence[RunRecord], variants: Sequence[Variant], p
             ax.set_ylim(-0.05, 1.05)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{title} · mean ± std over seeds")
+    fig.suptitle(f"{title} · mean over seeds, bands: 95 % t interval")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -557,6 +580,9 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
         if label.startswith("_"):
             continue
         reach = "—" if s["episodes_to_threshold"] is None else str(s["episodes_to_threshold"])
+        if "ci" in s:
+            lines.append(f"| `{label}` (95 % CI) | {_fmt_ci(s['ci']['final_reward'])} | {_fmt_ci(s['ci']['final_success'])} | "
+                         f"{_fmt_ci(s['ci']['auc_reward'])} | | → {_fmt_ci(s['ci']['eval_success_after'])} | | | | |")
         lines.append(f"| `{label}` | {_fmt(s['final_reward'], signed=True)} | {_fmt(s['final_success'], 2)} | "
                      f"{_fmt(s['auc_reward'], signed=True)} | {reach} | {_fmt(s['eval_success_before'], 2)} → "
                      f"{_fmt(s['eval_success_after'], 2)} | {_fmt(s['eval_reward_after'], signed=True)} | "
@@ -568,5 +594,25 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
               f"r* = {ref['best_final']:+.3f} (best final seed-mean), target {ref['target']:+.3f}; — = never, or no "
               "algo improved on r0. *held-out*: greedy, on the same "
               f"{base.eval.episodes} test tasks before and after. *train s*: the training loop (rollouts + updates); "
-              "*run wall*: also model copy and both evals.", ""]
+              "*run wall*: also model copy and both evals. *95 % CI*: Student's t interval over seeds (with few "
+              "seeds it is wide; a bootstrap over 3 seeds would be falsely narrow).", ""]
+    diffs = summary.get("_differences", [])
+    if diffs:
+        lines += ["**Which differences are significant** (difference of seed means, Welch 95 % interval; "
+                  "*significant* = the interval excludes 0, *noise* = it does not):", "",
+                  "| a − b | metric | difference | 95 % CI | verdict |", "|---|---|---:|---:|---|"]
+        for d in diffs:
+            ci = "—" if math.isnan(d["low"]) else f"[{d['low']:+.3f}, {d['high']:+.3f}]"
+            lines.append(f"| `{d['a']}` − `{d['b']}` | {d['metric']} | {d['diff']:+.3f} | {ci} | {d['verdict']} |")
+        sig = [d for d in diffs if d["verdict"] == "significant"]
+        lines += ["", f"{len(sig)} of {len(diffs)} differences are significant at 95 %; "
+                  + ("the rest cannot be told apart from seed noise with this budget." if len(sig) < len(diffs)
+                     else "all separate from seed noise."), ""]
     return "\n".join(lines)
+
+
+def _fmt_ci(ci: tuple[float, float, float]) -> str:
+    m, lo, hi = ci
+    if math.isnan(lo):
+        return "—"
+    return f"[{lo:+.3f}, {hi:+.3f}]"

@@ -309,6 +309,8 @@ class Trainer:
                 bar.update(done - bar.n)
             metrics, trajectories = held_out_eval(self.eval_engine, self.cfg, progress=progress)
         m = {"step": float(self.step), **metrics}
+        # per held-out task (episode order = task order), for the paired CI of the gain
+        m["successes"] = [float(bool(t.episode.get("success"))) for t in trajectories]
         self.evals.append({"tag": tag, **m})
         self.log(f"[eval {tag} @ step {self.step}] success {m['eval/success_rate']:.3f}  reward {m['eval/reward_mean']:+.3f}")
         return m, trajectories
@@ -386,7 +388,10 @@ class Trainer:
             self._tb.close()
         self.close()
         before = next(e for e in self.evals if e["tag"] == "before")
-        return {"before": before, "after": final, "history": self.history, "output_dir": str(self.out)}
+        gain = held_out_gain(before, final)
+        if gain is not None:
+            (self.out / "evals.json").write_text(json.dumps(self.evals + [{"tag": "gain", **gain}], indent=1))
+        return {"before": before, "after": final, "history": self.history, "output_dir": str(self.out), "gain": gain}
 
     def close(self) -> None:
         """Release a separate sampler (vLLM engine, Ray actors); a colocated policy stays usable."""
@@ -400,6 +405,17 @@ class Trainer:
         plot_curves(self.history, self.evals, self.out / "curves.png", title=f"{self.cfg.algo} on {self.cfg.env}")
         write_html_report(self.out / "eval_trajectories.html", eval_trajectories, tokenizer=self.policy.tokenizer,
                           metrics=summarize(eval_trajectories), title=f"{self.cfg.env} · after {self.step} steps")
+
+
+def held_out_gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float] | None:
+    """Held-out success after − before on the same tasks, with a 95 % paired bootstrap CI over tasks."""
+    from agentgym.stats import paired_bootstrap_ci, verdict
+    a, b = after.get("successes"), before.get("successes")
+    if not a or not b or len(a) != len(b):
+        return None
+    ci = paired_bootstrap_ci(a, b)
+    return {"success_gain": ci[0], "ci_low": ci[1], "ci_high": ci[2], "tasks": float(len(a)),
+            "verdict": verdict(ci)}
 
 
 def plot_curves(history: list[dict[str, float]], evals: list[dict[str, Any]], path: Path, title: str) -> None:

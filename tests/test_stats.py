@@ -1,0 +1,56 @@
+"""Confidence intervals (agentgym.stats) against hand computations, and how the harness reports them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from agentgym.stats import bootstrap_ci, diff_ci, mean_ci, paired_bootstrap_ci, t_quantile, verdict
+
+
+def test_t_interval_by_hand():
+    m, lo, hi = mean_ci([1.0, 2.0, 3.0])
+    # mean 2, sd 1, n 3: half-width t(0.975, 2) * 1 / sqrt(3) = 4.3027 / 1.7321 = 2.4841
+    assert m == 2.0 and hi - m == pytest.approx(2.48414, abs=1e-4) and m - lo == pytest.approx(2.48414, abs=1e-4)
+    assert t_quantile(0.975, 2) == pytest.approx(4.302653, abs=1e-5)
+    assert math.isnan(mean_ci([5.0])[1]) and math.isnan(mean_ci([])[0])
+
+
+def test_welch_difference_by_hand():
+    d, lo, hi = diff_ci([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    # se = sqrt(1/3 + 1/3) = 0.8165, df = 4, t(0.975, 4) = 2.7764 -> half 2.2670
+    assert d == -3.0 and hi == pytest.approx(-3 + 2.26696, abs=1e-4) and lo == pytest.approx(-3 - 2.26696, abs=1e-4)
+    assert verdict((d, lo, hi)) == "significant"
+    assert verdict(diff_ci([0.1, 0.5, 0.3], [0.2, 0.4, 0.35])) == "noise"
+    assert diff_ci([1.0, 1.0], [1.0, 1.0]) == (0.0, 0.0, 0.0)
+
+
+def test_bootstraps_are_seeded_and_cover_the_mean():
+    vals = [0, 1, 1, 0, 1, 1, 1, 0, 1, 1]
+    a, b = bootstrap_ci(vals, seed=3), bootstrap_ci(vals, seed=3)
+    assert a == b and a[1] < a[0] < a[2] and 0 <= a[1] and a[2] <= 1
+    d, lo, hi = paired_bootstrap_ci([1, 1, 1, 1, 0, 1], [0, 0, 1, 0, 0, 1])
+    assert d == pytest.approx(0.5) and lo > 0 and verdict((d, lo, hi)) == "significant"
+    with pytest.raises(ValueError, match="same items"):
+        paired_bootstrap_ci([1, 0], [1])
+
+
+def test_compare_table_says_which_differences_are_significant():
+    from agentgym.algorithms.compare import RunRecord, markdown_table, parse_variants, summarize_runs
+    from agentgym.algorithms.trainer import TrainConfig
+
+    def run(label, seed, rewards):
+        hist = [{"step": float(i + 1), "rollout/reward_mean": r, "rollout/success_rate": r, "time/step_s": 1.0,
+                 "rollout/generated_tokens": 10.0} for i, r in enumerate(rewards)]
+        return RunRecord(label, label.split(":")[0], seed, "", {}, hist, {"eval/success_rate": 0.0},
+                         {"eval/success_rate": rewards[-1]})
+    records = [run("grpo", s, [0.1, 0.5 + 0.01 * s]) for s in range(3)] + \
+              [run("ppo", s, [0.1, 0.1 + 0.01 * s]) for s in range(3)] + \
+              [run("reinforce", s, [0.1, [0.05, 0.6, 0.3][s]]) for s in range(3)]
+    summary = summarize_runs(records, parse_variants("grpo,ppo,reinforce"), 4, 0.8)
+    by = {(d["a"], d["b"], d["metric"]): d["verdict"] for d in summary["_differences"]}
+    assert by[("grpo", "ppo", "final_reward")] == "significant"
+    assert by[("ppo", "reinforce", "final_reward")] == "noise"
+    md = markdown_table(summary, TrainConfig(), [0, 1, 2], 2, 4, 0.8, "yes")
+    assert "Which differences are significant" in md and "| significant |" in md and "| noise |" in md
