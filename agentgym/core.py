@@ -10,6 +10,8 @@ summary and ``ansi`` rendering.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -64,18 +66,46 @@ class AgentEnv(gym.Env[list, str]):
     not read it.
 
     Attributes a rollout engine reads: ``stop_strings`` (generation may stop after these),
-    ``observation_style`` (``"chat"`` or ``"continuation"``), :meth:`tool_specs`.
+    ``observation_style`` (``"chat"`` or ``"continuation"``), :meth:`tool_specs`, ``group_reward``
+    (a :class:`~agentgym.rewards.GroupReward` the engine applies to each finished group with
+    :func:`~agentgym.rewards.apply_group_reward`; None = none). Every subclass accepts
+    ``group_reward=`` as a constructor keyword whatever its own signature (so
+    ``agentgym.make(id, group_reward=...)`` works for every env): the env itself never uses it —
+    a group term is computed from finished episodes, by the engine.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
     stop_strings: tuple[str, ...] = ()
     observation_style: str = "chat"
+    group_reward: Any = None
     num_tasks: int | None = None
     #: action types counted as tool calls in the episode summary
     tool_action_types: tuple[str, ...] = ("search", "tool_call", "code")
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give the subclass's ``__init__`` a ``group_reward=`` keyword unless it declares one."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None or "group_reward" in inspect.signature(init).parameters:
+            return
+
+        @functools.wraps(init)
+        def __init__(self: AgentEnv, *args: Any, group_reward: Any = None, **kw: Any) -> None:
+            init(self, *args, **kw)
+            if group_reward is not None:
+                self.group_reward = group_reward
+
+        sig = inspect.signature(init)  # the signature says so too (introspection sees the keyword)
+        params = list(sig.parameters.values())
+        at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+        params.insert(at, inspect.Parameter("group_reward", inspect.Parameter.KEYWORD_ONLY, default=None))
+        __init__.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        cls.__init__ = __init__  # type: ignore[method-assign]
+
     def __init__(self, *, reward: Reward | Mapping[str, float] | None = None, max_turns: int = 8,
-                 max_action_chars: int = 16_384, render_mode: str | None = None):
+                 max_action_chars: int = 16_384, render_mode: str | None = None, group_reward: Any = None):
+        if group_reward is not None:
+            self.group_reward = group_reward
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
         if max_turns < 1:

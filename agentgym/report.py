@@ -4,12 +4,14 @@
 metrics and one card per trajectory: the episode summary, the per-turn reward terms, and the token
 sequence coloured by ``loss_mask`` — prompt, environment (mask 0) and policy (mask 1) tokens look
 different, and a token whose mask disagrees with the policy turn spans is outlined in red, so a
-masking bug shows at a glance.
+masking bug shows at a glance. Environment tokens are further coloured by their kind
+(``Trajectory.token_kinds``): chat-template glue, tool output, retrieved passages, other env text.
 
 Why the text is built this way:
 
 * The colours come from ``loss_mask`` itself (what the learner trains on), not from the turn spans;
-  the spans are only used to flag disagreement.
+  the spans are only used to flag disagreement. The kinds refine the colour of mask-0 tokens; a
+  token whose kind disagrees with its mask (``policy`` kind ⇔ mask 1) is outlined in red as well.
 * Tokens are grouped into *runs* (consecutive tokens of one kind and one turn) and each run is split
   into *pieces* whose texts concatenate to exactly ``decode(run ids)``. A piece is one token, except
   where a token is only part of a character (byte-level BPE splits multi-byte characters; decoding
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from agentgym.trajectory import Trajectory
+from agentgym.trajectory import SAMPLED_KINDS, Trajectory
 
 __all__ = ["write_html_report", "render_html_report", "token_pieces", "Piece"]
 
@@ -195,17 +197,28 @@ def _num(v: float) -> str:
 
 @dataclass
 class _Run:
-    kind: str            # prompt | env | pol
+    kind: str            # prompt | env | pol (from loss_mask)
     turn: int | None     # policy turn index, or the turn an env run follows
     start: int
     end: int
     mismatch: bool = False
     reward: float | None = None
+    token_kind: str = "" # the tokens' kind (TOKEN_KINDS) — one per env run; policy runs are not split by it
+
+
+_KIND_LABELS = {"prompt": "prompt", "policy": "policy", "template": "template", "tool": "tool output",
+                "retrieved": "retrieved", "env": "environment"}
+
+
+def _token_kinds(traj: Trajectory, n: int) -> list[str]:
+    kinds = traj.kinds() if len(traj.loss_mask) == n else []
+    return kinds if len(kinds) == n else ["env"] * n
 
 
 def _runs(traj: Trajectory) -> list[_Run]:
     n = len(traj.token_ids)
     mask = list(traj.loss_mask[:n]) + [0] * max(0, n - len(traj.loss_mask))
+    kinds = _token_kinds(traj, n)
     expected = [0] * n
     turn_of = [None] * n
     for k, (s, e) in enumerate(traj.turn_spans):
@@ -218,13 +231,14 @@ def _runs(traj: Trajectory) -> list[_Run]:
         if turn_of[i] is not None:
             turn = turn_of[i]
         kind = "pol" if mask[i] else ("prompt" if i < traj.prompt_length else "env")
+        token_kind = kinds[i] if kind == "env" else ""
         key_turn = turn_of[i] if turn_of[i] is not None else (turn if turn >= 0 else None)
-        bad = bool(mask[i]) != bool(expected[i])
+        bad = bool(mask[i]) != bool(expected[i]) or (kinds[i] in SAMPLED_KINDS) != bool(mask[i])
         r = runs[-1] if runs else None
-        if r is not None and r.kind == kind and r.turn == key_turn and r.mismatch == bad:
+        if r is not None and r.kind == kind and r.turn == key_turn and r.mismatch == bad and r.token_kind == token_kind:
             r.end = i + 1
         else:
-            runs.append(_Run(kind, key_turn, i, i + 1, bad))
+            runs.append(_Run(kind, key_turn, i, i + 1, bad, token_kind=token_kind))
     for k, (s, e) in enumerate(traj.turn_spans):
         if k < len(traj.step_rewards) and e > 0:
             for r in runs:
@@ -243,8 +257,11 @@ def _tokens_html(traj: Trajectory, tokenizer: Any, special: set[int]) -> tuple[s
         mismatch = mismatch or run.mismatch
         pieces = token_pieces(tokenizer, ids, run.start, special)
         id_field = ",".join("+".join(str(traj.token_ids[p]) for p in pc.positions) for pc in pieces)
-        attrs = [f'class="run {run.kind}{" bad" if run.mismatch else ""}"', f'data-start="{run.start}"',
+        kind_class = f" k-{run.token_kind}" if run.token_kind else ""
+        attrs = [f'class="run {run.kind}{kind_class}{" bad" if run.mismatch else ""}"', f'data-start="{run.start}"',
                  f'data-ids="{id_field}"']
+        if run.token_kind:
+            attrs.append(f'data-kind="{_attr(_KIND_LABELS.get(run.token_kind, run.token_kind))}"')
         if run.turn is not None:
             attrs.append(f'data-turn="{run.turn}"')
         if run.kind == "pol":
@@ -330,12 +347,20 @@ def _card(i: int, traj: Trajectory, tokenizer: Any, special: set[int]) -> str:
     mask_note = ""
     if n:
         n_prompt = min(traj.prompt_length, n)
+        env_kinds = [k for i, k in enumerate(_token_kinds(traj, n))
+                     if i >= n_prompt and not (i < len(traj.loss_mask) and traj.loss_mask[i])]
+        counts = {k: env_kinds.count(k) for k in _KIND_LABELS if env_kinds.count(k)}
+        by_kind = (" (" + ", ".join(f'<span class="k-{k}">{c} {_KIND_LABELS[k]}</span>' for k, c in counts.items())
+                   + ")") if traj.token_kinds is not None and counts else ""
         mask_note = (f'<span class="fact"><span class="k">tokens</span> <span class="v">{n} = '
                      f'<span class="prompt">{n_prompt} prompt</span> + <span class="pol">{n_pol} policy</span> + '
-                     f'<span class="env">{n - n_prompt - n_pol} env</span></span></span>')
+                     f'<span class="env">{n - n_prompt - n_pol} env</span>{by_kind}</span></span>')
     warnings = []
     if n and not (len(traj.loss_mask) == len(traj.logprobs) == n):
         warnings.append(f"length mismatch: ids {n}, loss_mask {len(traj.loss_mask)}, logprobs {len(traj.logprobs)}")
+    if n and traj.token_kinds is not None and len(traj.loss_mask) == n and any(
+            (k in SAMPLED_KINDS) != bool(m) for k, m in zip(traj.token_kinds, traj.loss_mask)):
+        warnings.append("token kinds disagree with loss_mask (outlined in red)")
     body_kind = "tokens" if (tokenizer is not None and n) else "messages"
     if body_kind == "tokens":
         runs_html, mismatch = _tokens_html(traj, tokenizer, special)
@@ -372,7 +397,8 @@ def _metrics_html(metrics: Mapping[str, Any]) -> str:
 
 _CSS = """
 :root{--pol:#cfe8d4;--pol-b:#1f7a3a;--env:#ffe3b8;--env-b:#a15c00;--prompt:#e8e8ee;--prompt-b:#666;
---sp:#5b2a86;--bad:#d0021b}
+--sp:#5b2a86;--bad:#d0021b;--tmpl:#ece4f5;--tmpl-b:#6b4f8a;--retr:#d6e9fb;--retr-b:#1d5f9e;--other:#fbf3c4;
+--other-b:#7a6500}
 *{box-sizing:border-box}
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Liberation Sans",sans-serif;margin:0;
 background:#f6f7f9;color:#1d1d1f}
@@ -406,8 +432,14 @@ border:1px solid #e2e2e8;border-radius:4px;padding:6px 8px;background:#fcfcfd}
 .run.prompt{background:var(--prompt);color:#444}
 .run.env{background:var(--env);color:#3d2600}
 .run.pol{background:var(--pol);color:#0c3318;box-shadow:inset 0 -2px 0 var(--pol-b)}
+.run.env.k-template{background:var(--tmpl);color:#3a2a4d}
+.run.env.k-retrieved{background:var(--retr);color:#0d2f52}
+.run.env.k-env{background:var(--other);color:#3d3300}
 .run.prompt i:nth-child(even){background:#dcdce4}
 .run.env i:nth-child(even){background:#fbd49c}
+.run.env.k-template i:nth-child(even){background:#e0d3ee}
+.run.env.k-retrieved i:nth-child(even){background:#bcdaf7}
+.run.env.k-env i:nth-child(even){background:#f5e79a}
 .run.pol i:nth-child(even){background:#b5dcbf}
 .run i.sp{color:#fff;background:var(--sp)!important;font-weight:600;padding:0 2px;border-radius:3px}
 .run i.mb{text-decoration:underline dotted #555}
@@ -427,6 +459,8 @@ body.failed-only .card.ok{display:none}
 .msg.pol{background:var(--pol);border-color:var(--pol-b)}.msg.env{background:var(--env);border-color:var(--env-b)}
 .msg.prompt{background:var(--prompt);border-color:var(--prompt-b)}
 span.pol{color:var(--pol-b)}span.env{color:var(--env-b)}span.prompt{color:var(--prompt-b)}
+span.k-template{color:var(--tmpl-b)}span.k-tool{color:var(--env-b)}span.k-retrieved{color:var(--retr-b)}
+span.k-env{color:var(--other-b)}
 #tip{position:fixed;z-index:10;display:none;pointer-events:none;background:#222;color:#fff;font:12px/1.4 monospace;
 padding:4px 7px;border-radius:4px;max-width:520px;white-space:pre-wrap}
 """
@@ -455,7 +489,8 @@ _JS = r"""
     var pos = parseInt(run.dataset.start, 10);
     var pieces = run.dataset.ids.split(',');
     for (var k = 0; k < idx; k++) pos += pieces[k].split('+').length;
-    var kind = run.classList.contains('pol') ? 'policy' : (run.classList.contains('env') ? 'environment' : 'prompt');
+    var kind = run.classList.contains('pol') ? 'policy'
+      : (run.classList.contains('env') ? (run.dataset.kind || 'environment') : 'prompt');
     var lines = [JSON.stringify(el.textContent)];
     var lps = run.dataset.lp ? run.dataset.lp.split(',')[idx].split('+') : null;
     ids.forEach(function(id, j){
@@ -465,6 +500,7 @@ _JS = r"""
       lines.push(s);
     });
     if (run.dataset.turn !== undefined) lines.push((kind === 'policy' ? 'turn ' : 'after turn ') + run.dataset.turn);
+    if (run.classList.contains('env')) lines.push('environment token (loss_mask 0)');
     if (el.classList.contains('mb')) lines.push('(tokens joined: together they form one character)');
     return lines.join('\n');
   }
@@ -482,12 +518,17 @@ _JS = r"""
   });
   if (/(^|[#&])failed($|&)/.test(location.hash)) document.getElementById('failed-only').checked = true;
   update();
-  // '#selftest' (used by the tests through headless Chromium): hover the first policy token and keep the tooltip.
+  // '#selftest' (used by the tests through headless Chromium): hover the first policy token (and the first
+  // tool-output token) and keep the tooltips.
   if (/selftest/.test(location.hash)) {
     var first = document.querySelector('.run.pol > i');
     var out = document.createElement('pre'); out.id = 'selftest';
     out.textContent = first ? info(first) : 'no policy token';
     body.appendChild(out);
+    var tool = document.querySelector('.run.env.k-tool > i');
+    var outTool = document.createElement('pre'); outTool.id = 'selftest-tool';
+    outTool.textContent = tool ? info(tool) : 'no tool token';
+    body.appendChild(outTool);
   }
   body.dataset.ready = '1';
 })();
@@ -504,9 +545,11 @@ def render_html_report(trajectories: Sequence[Trajectory], tokenizer: Any = None
     special = _special_ids(tokenizer) if tokenizer is not None else set()
     cards = "".join(_card(i, t, tokenizer, special) for i, t in enumerate(trajectories))
     n_fail = sum(1 for t in trajectories if not (t.episode or {}).get("success"))
-    legend = ('<span class="legend"><span class="run prompt">prompt</span><span class="run env">environment '
-              '(mask 0)</span><span class="run pol">policy (mask 1)</span><span class="run"><i class="sp">'
-              'special</i></span><span class="run bad">mask ≠ turn spans</span></span>')
+    legend = ('<span class="legend"><span class="run prompt">prompt</span><span class="run pol">policy (mask 1)</span>'
+              'environment (mask 0): <span class="run env k-template">template</span><span class="run env k-tool">'
+              'tool output</span><span class="run env k-retrieved">retrieved</span><span class="run env k-env">other'
+              '</span><span class="run"><i class="sp">special</i></span><span class="run bad">mask ≠ turn spans or '
+              'kind</span></span>')
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f'<title>{_esc(title)}</title><style>{_CSS}</style></head>'

@@ -11,6 +11,14 @@ Writing a new shaper::
     @shaper("politeness", terminal=True)
     def politeness(event):
         return 1.0 if "please" in event.action.lower() else 0.0
+
+**Group shapers** see a whole GRPO group once its episodes have ended: a group shaper receives the
+group's :class:`GroupMember` views and returns one value per member (a diversity bonus, a penalty
+for a wrong answer the whole group shares). :class:`GroupReward` composes them with weights like
+:class:`Reward`; an env carries one as its ``group_reward`` attribute, and the rollout engine calls
+:func:`apply_group_reward` on each finished group, which adds each weighted term to the episode's
+last step (its reward and ``reward_terms``) and to its episode totals, so returns, advantages and
+metrics (``reward/<term>``) include it.
 """
 
 from __future__ import annotations
@@ -22,11 +30,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
+from agentgym.parsing import last_tag_content
+
 __all__ = [
     "StepEvent", "StepRecord", "RewardShaper", "shaper", "Reward",
     "normalize_answer", "exact_match", "token_f1",
     "ExactMatch", "TokenF1", "FormatCompliance", "CallCost", "InvalidActionPenalty",
     "LengthPenalty", "TurnLimitPenalty",
+    "GroupMember", "GroupShaper", "group_shaper", "GroupReward", "apply_group_reward",
+    "AnswerDiversity", "SharedWrongAnswer",
 ]
 
 
@@ -112,17 +124,12 @@ def shaper(name: str | None = None, *, terminal: bool = False) -> Callable[[Call
     return wrap
 
 
-class Reward:
-    """Weighted sum of shapers, reporting each weighted term.
+class _WeightedTerms:
+    """Named shapers with weights, each name once: the bookkeeping :class:`Reward` and
+    :class:`GroupReward` share (what a term is evaluated on is theirs)."""
 
-    ``Reward({"em": ExactMatch(), "search_cost": CallCost("search")}, weights={"search_cost": 0.1})``
-    or ``Reward([ExactMatch(), (CallCost("search"), 0.1)])``. Weights default to 1.
-    A term name appears once; a weight of 0 keeps the term in the report (always 0).
-    """
-
-    def __init__(self, shapers: Mapping[str, RewardShaper] | Iterable[RewardShaper | tuple[RewardShaper, float]],
-                 weights: Mapping[str, float] | None = None):
-        items: list[tuple[str, RewardShaper, float]] = []
+    def __init__(self, shapers: Mapping[str, Any] | Iterable[Any], weights: Mapping[str, float] | None = None):
+        items: list[tuple[str, Any, float]] = []
         if isinstance(shapers, Mapping):
             for name, s in shapers.items():
                 items.append((name, s, 1.0))
@@ -137,8 +144,7 @@ class Reward:
         unknown = set(weights) - set(names)
         if unknown:
             raise ValueError(f"weights given for unknown reward terms {sorted(unknown)}; terms are {names}")
-        self.terms: list[tuple[str, RewardShaper, float]] = [
-            (n, s, float(weights.get(n, w))) for n, s, w in items]
+        self.terms: list[tuple[str, Any, float]] = [(n, s, float(weights.get(n, w))) for n, s, w in items]
 
     @property
     def names(self) -> list[str]:
@@ -148,27 +154,44 @@ class Reward:
     def weights(self) -> dict[str, float]:
         return {n: w for n, _, w in self.terms}
 
-    def with_weights(self, **weights: float) -> "Reward":
+    def with_weights(self, **weights: float):
         """A copy with some weights changed (``reward.with_weights(f1=0.5)``)."""
-        return Reward({n: s for n, s, _ in self.terms}, {**self.weights, **weights})
+        return type(self)({n: s for n, s, _ in self.terms}, {**self.weights, **weights})
 
-    def with_terms(self, *shapers: RewardShaper | tuple[RewardShaper, float]) -> "Reward":
+    def with_terms(self, *shapers: Any):
         """A copy with more terms (``reward.with_terms((brevity, 0.2))``)."""
-        return Reward([(s, w) for _, s, w in self.terms] + list(shapers))
+        return type(self)([(s, w) for _, s, w in self.terms] + list(shapers))
+
+    def _weighted(self, raw: Mapping[str, float]) -> tuple[float, dict[str, float]]:
+        weighted = {n: w * raw[n] if w else 0.0 for n, _, w in self.terms}
+        return float(sum(weighted.values())), weighted
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(" + ", ".join(f"{n}×{w:g}" for n, _, w in self.terms) + ")"
+
+
+class Reward(_WeightedTerms):
+    """Weighted sum of shapers, reporting each weighted term.
+
+    ``Reward({"em": ExactMatch(), "search_cost": CallCost("search")}, weights={"search_cost": 0.1})``
+    or ``Reward([ExactMatch(), (CallCost("search"), 0.1)])``. Weights default to 1.
+    A term name appears once; a weight of 0 keeps the term in the report (always 0).
+    """
+
+    def __init__(self, shapers: Mapping[str, RewardShaper] | Iterable[RewardShaper | tuple[RewardShaper, float]],
+                 weights: Mapping[str, float] | None = None):
+        super().__init__(shapers, weights)
 
     def evaluate(self, event: StepEvent) -> tuple[float, dict[str, float], dict[str, float]]:
         """``(reward, weighted terms, raw terms)``. Raw values are reported even for weight-0
         terms, so an opt-in term (or a penalty switched off to reproduce a paper) stays visible."""
         raw = {n: float(s(event)) for n, s, _ in self.terms}
-        weighted = {n: w * raw[n] if w else 0.0 for n, _, w in self.terms}
-        return float(sum(weighted.values())), weighted, raw
+        total, weighted = self._weighted(raw)
+        return total, weighted, raw
 
     def __call__(self, event: StepEvent) -> tuple[float, dict[str, float]]:
         total, weighted, _ = self.evaluate(event)
         return total, weighted
-
-    def __repr__(self) -> str:
-        return "Reward(" + ", ".join(f"{n}×{w:g}" for n, _, w in self.terms) + ")"
 
 
 # --------------------------------------------------------------------------- answer matching
@@ -299,3 +322,162 @@ class TurnLimitPenalty:
 
     def __call__(self, event: StepEvent) -> float:
         return -1.0 if event.done and event.truncated else 0.0
+
+
+
+# --------------------------------------------------------------------------- group shapers
+@dataclass(frozen=True)
+class GroupMember:
+    """One finished episode of a group, as a group shaper sees it.
+
+    ``reward`` is the episode's return from its step shapers (before any group term); ``answer``
+    is its final answer: the env's (``episode["answer"]``) when the episode summary has one, else
+    the content of the last ``<answer>…</answer>`` of its last action, else None. ``trajectory``
+    gives everything else (messages, tokens, per-step reward terms).
+    """
+    index: int
+    actions: tuple[str, ...]
+    answer: str | None
+    success: bool
+    reward: float
+    truncated: bool
+    episode: Mapping[str, Any]
+    trajectory: Any = None
+
+    @classmethod
+    def of(cls, index: int, trajectory: Any) -> "GroupMember":
+        episode = dict(getattr(trajectory, "episode", None) or {})
+        actions = tuple(trajectory.actions)
+        answer = episode.get("answer")
+        if answer is None and actions:
+            answer = last_tag_content(actions[-1], "answer")
+        return cls(index, actions, None if answer is None else str(answer), bool(episode.get("success")),
+                   float(sum(trajectory.step_rewards)), bool(trajectory.truncated), episode, trajectory)
+
+
+@runtime_checkable
+class GroupShaper(Protocol):
+    name: str
+
+    def __call__(self, members: Sequence[GroupMember]) -> Sequence[float]: ...
+
+
+class _FunctionGroupShaper:
+    def __init__(self, fn: Callable[[Sequence[GroupMember]], Sequence[float]], name: str):
+        self.fn, self.name = fn, name
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, members: Sequence[GroupMember]) -> list[float]:
+        return [float(v) for v in self.fn(members)]
+
+    def __repr__(self) -> str:
+        return f"group_shaper({self.name!r})"
+
+
+def group_shaper(name: str | None = None) -> Callable[[Callable[[Sequence[GroupMember]], Sequence[float]]], GroupShaper]:
+    """Decorator turning ``fn(members) -> one float per member`` into a named group shaper."""
+    def wrap(fn: Callable[[Sequence[GroupMember]], Sequence[float]]) -> GroupShaper:
+        return _FunctionGroupShaper(fn, name or fn.__name__)
+    return wrap
+
+
+class GroupReward(_WeightedTerms):
+    """Weighted group shapers, reporting each weighted term per member — :class:`Reward` for groups.
+
+    ``GroupReward([AnswerDiversity(), (SharedWrongAnswer(), 0.5)])``. Not callable on purpose: an
+    env attribute that is callable reads as a method through remote env proxies (Ray).
+    """
+
+    def __init__(self, shapers: Mapping[str, GroupShaper] | Iterable[GroupShaper | tuple[GroupShaper, float]],
+                 weights: Mapping[str, float] | None = None):
+        super().__init__(shapers, weights)
+
+    def evaluate(self, members: Sequence[GroupMember]) -> list[tuple[float, dict[str, float], dict[str, float]]]:
+        """Per member, ``(group reward, weighted terms, raw terms)``."""
+        raw_by_term = {}
+        for n, s, _ in self.terms:
+            values = [float(v) for v in s(members)]
+            if len(values) != len(members):
+                raise ValueError(f"group shaper {n!r} returned {len(values)} values for {len(members)} members")
+            raw_by_term[n] = values
+        out = []
+        for i in range(len(members)):
+            raw = {n: raw_by_term[n][i] for n in raw_by_term}
+            total, weighted = self._weighted(raw)
+            out.append((total, weighted, raw))
+        return out
+
+
+def apply_group_reward(trajectories: Sequence[Any], group_reward: GroupReward | Iterable[Any] | None) -> None:
+    """Add the group terms to the trajectories of one finished group, in place.
+
+    For each episode, each weighted term goes onto its last step: added to ``step_rewards[-1]``
+    (so it reaches the last policy token and every return / advantage estimator), recorded under
+    the term's name in ``reward_terms[-1]``, and added to the episode summary's ``return`` and
+    ``reward_terms`` totals — so ``reward_mean`` and ``reward/<term>`` metrics report it.
+    ``group_reward`` may also be a list of group shapers (weights as in :class:`Reward`); None
+    does nothing. An episode that ended before its first turn has no step to carry a term and gets
+    none (it still counts as a member the others are compared with). A term name that the
+    trajectory already reports (a step term of that name, or the group reward applied twice)
+    raises ``ValueError``: call this once per group.
+    """
+    if group_reward is None or not trajectories:
+        return
+    if not isinstance(group_reward, GroupReward):
+        group_reward = GroupReward([group_reward] if callable(group_reward) else group_reward)
+    for t in trajectories:
+        clash = sorted({n for step in t.reward_terms for n in step} & set(group_reward.names))
+        if clash:
+            raise ValueError(f"group reward terms {clash} are already reported by this trajectory (a step term of the "
+                             f"same name, or the group reward applied twice)")
+    members = [GroupMember.of(i, t) for i, t in enumerate(trajectories)]
+    for t, (total, weighted, _) in zip(trajectories, group_reward.evaluate(members)):
+        if not t.step_rewards:
+            continue
+        t.step_rewards[-1] += total
+        if len(t.reward_terms) < len(t.step_rewards):
+            t.reward_terms.extend({} for _ in range(len(t.step_rewards) - len(t.reward_terms)))
+        t.reward_terms[-1].update(weighted)
+        totals = t.episode.setdefault("reward_terms", {})
+        for n, v in weighted.items():
+            totals[n] = totals.get(n, 0.0) + v
+        if "return" in t.episode:
+            t.episode["return"] = float(t.episode["return"]) + total
+
+
+class AnswerDiversity:
+    """Diversity bonus: the share of the *other* members whose final answer differs from this one's
+    (normalised as :func:`normalize_answer`); 0 for a member without an answer and in a group of one.
+    Rewards exploring different answers, not being right: pair it with a correctness term."""
+
+    def __init__(self, name: str = "diversity"):
+        self.name = name
+
+    def __call__(self, members: Sequence[GroupMember]) -> list[float]:
+        answers = [None if m.answer is None else normalize_answer(m.answer) for m in members]
+        n = len(members)
+        return [0.0 if a is None or n < 2 else sum(b != a for b in answers) / (n - 1) for a in answers]
+
+
+class SharedWrongAnswer:
+    """-1 for a member whose wrong answer at least ``min_share`` of the group gave too (answers
+    normalised as :func:`normalize_answer`; wrong = the episode did not succeed; 0 in a group of one).
+
+    ``min_share=1`` (default): only when every member answers the same wrong thing — a collapsed
+    group. Every member then gets the same penalty, a shift of the whole group that group-normalised
+    advantages (GRPO) cancel; it matters to estimators without a group baseline. A lower share (e.g.
+    0.5) penalises a wrong majority answer inside a group that also holds other answers, which GRPO
+    does see.
+    """
+
+    def __init__(self, min_share: float = 1.0, name: str = "shared_wrong"):
+        if not 0.0 < min_share <= 1.0:
+            raise ValueError(f"min_share must be in (0, 1], got {min_share}")
+        self.min_share, self.name = min_share, name
+
+    def __call__(self, members: Sequence[GroupMember]) -> list[float]:
+        answers = [None if m.answer is None else normalize_answer(m.answer) for m in members]
+        counts = Counter(a for a in answers if a is not None)
+        need = self.min_share * len(members) - 1e-9
+        return [-1.0 if len(members) > 1 and a is not None and not m.success and counts[a] >= need else 0.0
+                for a, m in zip(answers, members)]

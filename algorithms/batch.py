@@ -13,9 +13,20 @@ from typing import Iterator, Sequence
 
 import torch
 
-from agentgym.trajectory import Trajectory
+from agentgym.trajectory import SAMPLED_KINDS, TOKEN_KINDS, Trajectory
 
-__all__ = ["Batch", "collate", "pad_token_lists"]
+__all__ = ["Batch", "collate", "pad_token_lists", "kind_codes"]
+
+
+_KIND_CODE = {k: i for i, k in enumerate(TOKEN_KINDS)}
+
+
+def kind_codes(kinds: Sequence[str]) -> list[int]:
+    """The integer codes of token kinds in ``Batch.kind`` (their index in ``TOKEN_KINDS``)."""
+    try:
+        return [_KIND_CODE[k] for k in kinds]
+    except KeyError as e:
+        raise ValueError(f"unknown token kind {e.args[0]!r}; kinds are {list(TOKEN_KINDS)}") from None
 
 
 def pad_token_lists(rows: Sequence[Sequence[float]], width: int | None = None, *, value: float = 0.0,
@@ -39,6 +50,8 @@ class Batch:
         position_ids: 0, 1, … along each sequence (right padding: the same positions as at sampling).
         loss_mask: 1 on policy-sampled tokens (the trajectory's ``loss_mask``).
         response_mask: 1 on every token after the prompt (policy and environment tokens).
+        kind: each token's kind as its index in ``agentgym.trajectory.TOKEN_KINDS`` (-1 on padding);
+            trajectories without ``token_kinds`` (older files) get the kinds their mask implies.
         old_logprobs: log-probs of the "old" policy for the ratio: the sampling-time ones, or — when the
             sampler is a separate engine — recomputed by the training model before the update.
         sampler_logprobs: the sampling-time log-probs, always (for the optional truncated
@@ -58,6 +71,7 @@ class Batch:
     position_ids: torch.Tensor
     loss_mask: torch.Tensor
     response_mask: torch.Tensor
+    kind: torch.Tensor
     old_logprobs: torch.Tensor
     sampler_logprobs: torch.Tensor
     is_weights: torch.Tensor
@@ -84,9 +98,31 @@ class Batch:
         forward pass needs no logits before it (``logits_to_keep = width - logits_offset``)."""
         return max(0, int(self.prompt_lengths.min()) - 1) if len(self) else 0
 
-    def train_mask(self, mask_env_tokens: bool = True) -> torch.Tensor:
-        """The tokens that carry loss: policy tokens, or (ablation) every token after the prompt."""
-        return self.loss_mask if mask_env_tokens else self.response_mask
+    def train_mask(self, mask_env_tokens: bool = True, kinds: Sequence[str] | None = None) -> torch.Tensor:
+        """The tokens that carry loss (a float mask like ``loss_mask``).
+
+        ``kinds=None``: the policy's tokens (``loss_mask``), or with ``mask_env_tokens=False`` (an
+        ablation) every token after the prompt. ``kinds`` (names from ``TOKEN_KINDS``) narrows that
+        set to the tokens of those kinds. The rule: with ``mask_env_tokens=True`` loss stays on
+        tokens the policy sampled, so ``kinds`` may name only sampled kinds (``policy``) — naming
+        ``tool``, ``retrieved``, ``template`` or ``env`` raises rather than silently training on
+        text the policy never produced. Training on environment tokens of chosen kinds is the
+        ablation ``mask_env_tokens=False, kinds=("policy", "tool")`` (e.g. tool outputs but never
+        retrieved passages). ``prompt`` tokens never carry loss.
+        """
+        base = self.loss_mask if mask_env_tokens else self.response_mask
+        if kinds is None:
+            return base
+        kinds = tuple(kinds)
+        codes = kind_codes(kinds)
+        if "prompt" in kinds:
+            raise ValueError("prompt tokens never carry loss; remove 'prompt' from kinds")
+        not_sampled = [k for k in kinds if k not in SAMPLED_KINDS]
+        if mask_env_tokens and not_sampled:
+            raise ValueError(f"kinds {not_sampled} are not sampled by the policy; training on them is the ablation "
+                             f"mask_env_tokens=False")
+        selected = torch.isin(self.kind, torch.tensor(codes, dtype=self.kind.dtype, device=self.kind.device))
+        return base * selected.to(base.dtype)
 
     def _map(self, fn) -> "Batch":
         return replace(self, **{f.name: fn(f.name, getattr(self, f.name)) for f in fields(self)})
@@ -121,6 +157,12 @@ def collate(trajectories: Sequence[Trajectory], *, pad_id: int = 0) -> Batch:
     response = torch.zeros(len(trajectories), width)
     for i, t in enumerate(trajectories):
         response[i, t.prompt_length: len(t.token_ids)] = 1.0
+    kinds = []
+    for i, t in enumerate(trajectories):
+        k = t.kinds()
+        if len(k) != len(t.token_ids):
+            raise ValueError(f"trajectory {i}: {len(k)} token kinds for {len(t.token_ids)} tokens")
+        kinds.append(kind_codes(k))
     zeros = torch.zeros(len(trajectories), width)
     return Batch(
         input_ids=pad_token_lists([t.token_ids for t in trajectories], width, value=pad_id, dtype=torch.long),
@@ -128,6 +170,7 @@ def collate(trajectories: Sequence[Trajectory], *, pad_id: int = 0) -> Batch:
         position_ids=torch.arange(width).repeat(len(trajectories), 1) * attention,
         loss_mask=pad_token_lists([t.loss_mask for t in trajectories], width),
         response_mask=response,
+        kind=pad_token_lists(kinds, width, value=-1, dtype=torch.long),
         old_logprobs=pad_token_lists([t.logprobs for t in trajectories], width),
         sampler_logprobs=pad_token_lists([t.logprobs for t in trajectories], width),
         is_weights=torch.ones(len(trajectories), width),

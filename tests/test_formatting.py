@@ -170,10 +170,11 @@ def _make_env(env_id: str, max_turns: int):
 
 def drive(env_id: str, style: str, tok, policy, sampling: SamplingParams, *, max_obs_tokens=None, seed=0,
           max_turns: int = len(UNICODE_ACTIONS) + 2):
-    """One episode by hand: formatter + builder, checking the append-only prefix after every turn."""
+    """One episode by hand: formatter + builder, checking the append-only prefix after every turn, and
+    that SmolLM2's (append-only) template never reports drift (``history=``, ``on_template_drift="error"``)."""
     env = _make_env(env_id, max_turns)
     base = env.unwrapped
-    fmt = make_formatter(style, tok, max_obs_tokens=max_obs_tokens)
+    fmt = make_formatter(style, tok, max_obs_tokens=max_obs_tokens, on_template_drift="error")
     tools = base.tool_specs()
     sampling = sampling.replace(stop=tuple(sampling.stop) + tuple(base.stop_strings))
     obs, _ = env.reset(seed=seed)
@@ -191,7 +192,7 @@ def drive(env_id: str, style: str, tok, policy, sampling: SamplingParams, *, max
         if not (terminated or truncated):
             obs, _ = fmt.truncate(obs)
             env_messages_seen.extend(obs)
-            builder.add_env(fmt.observation_ids(gen.token_ids, obs, tools), obs)
+            builder.add_env(fmt.observation_ids(gen.token_ids, obs, tools, history=builder), obs)
         # append-only: everything before this turn is untouched, the sampled ids follow verbatim
         assert builder.token_ids[: len(before)] == before
         assert builder.token_ids[len(before): len(before) + len(gen.token_ids)] == gen.token_ids
@@ -281,7 +282,7 @@ _turns = st.lists(st.tuples(_text, st.booleans(), _messages), min_size=1, max_si
 def test_any_text_round_trips(style, turns, end_with_obs):
     """Arbitrary Unicode replies (with or without EOS) and observations keep every invariant."""
     tok = cached_tokenizer()
-    fmt = make_formatter(style, tok)
+    fmt = make_formatter(style, tok, on_template_drift="error")  # any text: still no drift reported
     prompt = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
     b = TrajectoryBuilder(fmt.prompt_ids(prompt), prompt)
     for k, (reply, eos, obs) in enumerate(turns):
@@ -291,7 +292,7 @@ def test_any_text_round_trips(style, turns, end_with_obs):
         if k < len(turns) - 1 or end_with_obs:
             msgs = [{"role": r, "content": c} for r, c in obs]
             before = list(b.token_ids)
-            b.add_env(fmt.observation_ids(gen.token_ids, msgs), msgs)
+            b.add_env(fmt.observation_ids(gen.token_ids, msgs, history=b), msgs)
             assert b.token_ids[: len(before)] == before
     traj = b.build()
     assert check_trajectory(traj, tok) == []

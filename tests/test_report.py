@@ -230,6 +230,52 @@ def test_environment_runs_hold_the_tool_output(report):
         assert not any(r.kind == "env" and tool_out in r.text for r in card.runs if r.attrs.get("data-turn") != "0")
 
 
+def test_environment_tokens_are_coloured_by_kind(batch, report, tok, tmp_path):
+    """Env runs carry their token kind (class ``k-<kind>`` and a ``data-kind`` label); the tool output
+    sits in ``tool`` runs, role headers and end-of-turn tokens in ``template`` runs."""
+    path, b, rep = report
+    for card, traj in zip(rep.cards, b.trajectories):
+        for r in card.runs:
+            start = int(r.attrs["data-start"])
+            kinds = set(traj.token_kinds[start:start + len(r.ids)])
+            if r.kind == "env":
+                (kind,) = kinds  # one kind per env run
+                assert f"k-{kind}" in r.classes and r.attrs["data-kind"]
+            else:
+                assert kinds == {"policy" if r.kind == "pol" else "prompt"} and "data-kind" not in r.attrs
+    with_tool = [(c, t) for c, t in zip(rep.cards, b.trajectories) if t.episode["tool_calls"]]
+    for card, traj in with_tool:
+        tool_out = next(m["content"] for m in traj.messages if m["role"] == "tool")
+        assert [r.text for r in card.runs if "k-tool" in r.classes] == [tool_out]
+        assert all(r.attrs["data-kind"] == "tool output" for r in card.runs if "k-tool" in r.classes)
+        template = "".join(r.text for r in card.runs if "k-template" in r.classes)
+        if batch[0] == "chat":
+            assert "<|im_start|>" in template and tool_out not in template
+        else:  # continuation: env text is appended raw, no template glue after the prompt
+            assert template == ""
+        assert "tool output" in card.text  # the per-kind token counts
+    raw = path.read_text(encoding="utf-8")
+    assert '<span class="run env k-retrieved">retrieved</span>' in raw  # the legend
+
+    # a trajectory written before kinds existed: its env tokens are plain "env" (derived from the mask)
+    old = dataclasses.replace(with_tool[0][1], token_kinds=None)
+    card = parse(write_html_report(tmp_path / "old.html", [old], tok)).cards[0]
+    assert {r.attrs.get("data-kind") for r in card.runs if r.kind == "env"} == {"environment"}
+    assert not any("bad" in r.classes for r in card.runs) and "token kinds disagree" not in card.text
+
+
+def test_kind_that_disagrees_with_the_mask_is_flagged(report, tok, tmp_path):
+    _, b, _ = report
+    traj = next(t for t in b.trajectories if t.episode["tool_calls"])
+    s0, e0 = traj.turn_spans[0]
+    kinds = list(traj.token_kinds)
+    kinds[s0:s0 + 2] = ["tool", "tool"]  # sampled tokens labelled as tool output
+    card = parse(write_html_report(tmp_path / "kinds.html", [dataclasses.replace(traj, token_kinds=kinds)], tok)).cards[0]
+    bad = [r for r in card.runs if "bad" in r.classes]
+    assert [(r.kind, len(r.ids)) for r in bad] == [("pol", 2)]
+    assert "token kinds disagree with loss_mask" in card.text
+
+
 def test_html_is_escaped_and_whitespace_is_marked(report):
     path, b, rep = report
     raw = path.read_text(encoding="utf-8")
@@ -376,6 +422,9 @@ def test_renders_in_headless_chromium(report, tok, tmp_path):
     start = first.turn_spans[0][0]
     assert f"token #{start}  id {first.token_ids[start]}  policy  logprob 0.0000  p=1.000" in tip
     assert "turn 0" in tip and json.dumps(tok.decode([first.token_ids[start]])) in tip
+    # the first tool-output token's tooltip names its kind
+    tool_tip = html.unescape(out[out.index('<pre id="selftest-tool">'):].split("</pre>", 1)[0])
+    assert "tool output" in tool_tip and "environment token (loss_mask 0)" in tool_tip and "after turn 0" in tool_tip
     assert "<tool" not in out and "&lt;tool_call&gt;" in without_piece_tags(out)
 
     dom = chromium(f"--user-data-dir={profile}", "--dump-dom", path.resolve().as_uri() + "#failed")
