@@ -114,7 +114,7 @@ def run_rl(policy: Any, cfg: Any, mask: bool, runs_dir: Path, before: dict[str, 
     if before is not None:
         trainer.evals = [copy.deepcopy(before)]
     t0 = time.perf_counter()
-    result = trainer.train()
+    result = trainer.train(overwrite=True)   # this script owns --runs-dir: a rerun replaces its runs
     wall = time.perf_counter() - t0
     for row in result["history"]:
         log(f"  [{name}] step {int(row['step'])}: reward {row['rollout/reward_mean']:+.3f} "
