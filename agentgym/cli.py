@@ -181,6 +181,26 @@ def _validate_run(cfg: Any) -> None:
         raise ConfigError(f"model: {e}") from None
 
 
+def _versioned(cfg: Any, args: argparse.Namespace, command: str) -> Any:
+    """A run whose output_dir the user did not choose goes to the next free ``runs/<command>[-N]``
+    (``--resume``: the newest one), so repeating a command never collides; a chosen one is protected."""
+    import dataclasses
+
+    from agentgym.algorithms.distributed import env_rank
+    from agentgym.runs import default_output_dir, output_dir_was_given
+    if output_dir_was_given(args.config, list(args.overrides or [])):
+        return cfg
+    if env_rank() != 0 and not getattr(args, "resume", False):
+        return cfg   # under torchrun only rank 0 writes; the others never touch the directory
+    chosen = default_output_dir(cfg.output_dir, resume=getattr(args, "resume", False),
+                                overwrite=getattr(args, "overwrite", False))
+    if str(chosen) != str(cfg.output_dir):
+        print(f"[{command}] {cfg.output_dir} holds an earlier run; this one writes to {chosen} "
+              f"(output_dir=... to choose)")
+        cfg = dataclasses.replace(cfg, output_dir=str(chosen))
+    return cfg
+
+
 def _run_layout(policy_spec: str) -> dict[str, Any]:
     """The rollout layout a train / sft / dpo run was made with (its ``config.yaml``), for evaluating it
     the same way; {} when ``policy_spec`` is not such a run."""
@@ -306,6 +326,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from agentgym.config import ConfigError, load_config
     from agentgym.runs import prepare_output_dir
     cfg = load_config(TrainConfig, args.config, args.overrides)
+    cfg = _versioned(cfg, args, "train")
     _validate_run(cfg)
     from agentgym.algorithms.learners import LEARNERS
     if cfg.algo.lower() not in LEARNERS:
@@ -352,6 +373,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     steps = _int_list(args.steps, "--steps")
     if not isinstance(steps, int):
         raise ValueError(f"--steps must be one integer, got {args.steps!r}")
+    if args.out is None:
+        from agentgym.runs import default_output_dir
+        args.out = str(default_output_dir("runs/compare", resume=args.resume, overwrite=args.overwrite))
     _set_threads(args.threads, verbose=False)  # compare's own first line reports the setup
     result = compare(args.algos, _int_list(args.seeds, "--seeds"), steps, env=args.env, config=args.config,
                      overrides=args.overrides, out_dir=args.out, keep_checkpoints=args.keep_checkpoints,
@@ -366,6 +390,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from agentgym.config import load_config
     from agentgym.runs import prepare_output_dir
     cfg = load_config(SFTRunConfig, args.config, args.overrides)
+    cfg = _versioned(cfg, args, "sft")
     _validate_run(cfg)
     prepare_output_dir(cfg.output_dir, overwrite=args.overwrite, command="sft")  # before loading
     _set_threads(args.threads, verbose=True)
@@ -382,6 +407,7 @@ def cmd_dpo(args: argparse.Namespace) -> int:
     from agentgym.config import load_config
     from agentgym.runs import prepare_output_dir
     cfg = load_config(DPORunConfig, args.config, args.overrides)
+    cfg = _versioned(cfg, args, "dpo")
     _validate_run(cfg)
     prepare_output_dir(cfg.output_dir, overwrite=args.overwrite, command="dpo")  # before loading
     _set_threads(args.threads, verbose=True)
@@ -569,7 +595,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", default="2", help="number of seeds (from the config's seed), or a list like 0,3")
     p.add_argument("--steps", default="4", help="training steps per run")
     p.add_argument("--config", default=None, help="YAML file with TrainConfig fields (shared by all runs)")
-    p.add_argument("--out", default="runs/compare", help="output directory (one subdirectory per run)")
+    p.add_argument("--out", default=None, help="output directory (one subdirectory per run); default: the next "
+                                               "free runs/compare[-N] (--resume: the newest)")
     p.add_argument("--threshold", type=float, default=0.8, help="fraction for the episodes-to-threshold metric")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
     p.add_argument("--resume", action="store_true", help="reuse finished runs whose resolved config is unchanged")

@@ -10,6 +10,11 @@ unless the user says what they want:
 * otherwise: exit code 2 and a message naming both options and the files found — nothing is
   touched, so a typo or a second command pointed at a finished run loses nothing.
 
+When the user did not choose the directory (the command's default, e.g. ``runs/train``), a new run
+goes to the next free version instead, as Lightning's ``version_N`` does: ``runs/train``, then
+``runs/train-1``, ``runs/train-2``, … (:func:`default_output_dir`), and ``--resume`` continues the
+newest of them. So the README's main command can be run twice.
+
 The check runs before any model is loaded, so the refusal is immediate.
 """
 
@@ -20,7 +25,7 @@ from pathlib import Path
 
 from agentgym.config import ConfigError
 
-__all__ = ["RunDirError", "prepare_output_dir"]
+__all__ = ["RunDirError", "prepare_output_dir", "default_output_dir", "output_dir_was_given"]
 
 
 class RunDirError(ConfigError):
@@ -53,3 +58,42 @@ def prepare_output_dir(path: str | Path, *, resume: bool = False, overwrite: boo
                 p.unlink()
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def _versions(base: Path) -> list[Path]:
+    out = [base] if base.exists() else []
+    out += sorted((p for p in base.parent.glob(base.name + "-*") if p.name[len(base.name) + 1:].isdigit()),
+                  key=lambda p: int(p.name[len(base.name) + 1:]))
+    return out
+
+
+def default_output_dir(base: str | Path, *, resume: bool = False, overwrite: bool = False) -> Path:
+    """The directory for a run whose user did not choose one: ``base`` while it is free (or for
+    ``overwrite``), else the next free ``base-N``; with ``resume`` the newest existing version."""
+    base = Path(base).expanduser()
+    versions = _versions(base)
+    if resume or overwrite:
+        return versions[-1] if versions else base
+    for p in versions:
+        if p.is_dir() and not any(p.iterdir()):
+            return p
+    if not versions:
+        return base
+    last = versions[-1]
+    n = int(last.name[len(base.name) + 1:]) + 1 if last != base else 1
+    return base.parent / f"{base.name}-{n}"
+
+
+def output_dir_was_given(config_path: str | Path | None, overrides: list[str] | tuple[str, ...],
+                         key: str = "output_dir") -> bool:
+    """Whether the user named the output directory (an override or the YAML file), not the default."""
+    if any(o.partition("=")[0].strip() == key for o in overrides):
+        return True
+    if config_path is not None:
+        import yaml
+        try:
+            data = yaml.safe_load(Path(config_path).read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            return False
+        return isinstance(data, dict) and key in data
+    return False

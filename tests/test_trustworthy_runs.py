@@ -143,3 +143,15 @@ def test_thread_choice(monkeypatch):
     assert choose_threads()[0] == 1            # every core busy: one thread
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert choose_threads()[0] == len(os.sched_getaffinity(0))
+
+
+def test_default_output_dirs_are_versioned_so_the_main_command_can_run_twice(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", *TINY, "steps=1"]) == 0
+    assert main(["train", *TINY, "steps=1"]) == 0                     # the default dir is taken: runs/train-1
+    assert "runs/train-1" in capsys.readouterr().out
+    assert (tmp_path / "runs/train/config.yaml").exists() and (tmp_path / "runs/train-1/config.yaml").exists()
+    assert main(["train", *TINY, "steps=2", "--resume"]) == 0         # continues the newest
+    assert [r["step"] for r in _rows(tmp_path / "runs/train-1")] == ["1.0", "2.0"]
+    assert [r["step"] for r in _rows(tmp_path / "runs/train")] == ["1.0"]
+    assert main(["train", *TINY, "steps=1", "output_dir=runs/train"]) == 2   # a chosen dir stays protected
