@@ -33,6 +33,7 @@ import numpy as np
 
 from agentgym.formatting import Formatter, make_formatter
 from agentgym.policy import Generation, SamplingParams
+from agentgym.rewards import apply_group_reward
 from agentgym.trajectory import Trajectory, TrajectoryBuilder, check_trajectory
 
 __all__ = ["RolloutConfig", "RolloutViews", "ROLLOUT_ALIASES", "RolloutBatch", "RolloutEngine", "TokenTurns", "ChatTurns",
@@ -60,14 +61,18 @@ class RolloutConfig:
         debug_checks: assert the token-faithfulness invariants after every episode.
         mode: ``async`` (default) or ``lockstep`` — see the module docstring. Async is the default
             because, measured (``benchmarks/rollout_async.py``, RESULTS.md), it gives the lockstep's
-            trajectories for deterministic policies (greedy, scripted) and is never slower: when env
-            steps are fast it forms the lockstep's batches exactly; when a step is slow only its own
-            episode waits. *Sampling* with ``sampling.seed`` is reproducible in lockstep mode (the
-            seed applies per ``generate`` call, and the calls are the same every run). In async mode
-            it is reproducible whenever the env steps return within the batching window (then the
-            batches are the lockstep's); when they don't, the composition of a batch depends on
-            timing, and so do the sampled tokens — every episode is still a correct sample from the
-            policy, but not bit-for-bit the same run to run. Use ``lockstep`` to debug or to replay.
+            trajectories for deterministic policies (greedy, scripted; every row of the benchmark) and
+            is not slower: when ``generate`` dominates (HF on a CPU) it forms the lockstep's batches
+            exactly, so the work is the same; when env steps dominate (sandbox runs on CodeExec) a slow
+            step holds up only its own episode (1.5-1.7x faster there). Greedy log-probs agree to
+            float rounding (an episode may share a padded batch with other episodes than in
+            lockstep). *Sampling* with ``sampling.seed`` replays exactly in lockstep mode (the seed
+            applies per ``generate`` call, and the calls are the same every run). In async mode it
+            replays whenever the env steps return within the batching window (then the batches are
+            the lockstep's; always so on a one-turn env with every episode running at once);
+            when they don't, the composition of a batch depends on timing, and so do the sampled
+            tokens — every episode is still a correct sample from the policy, but not the same one
+            run to run. Use ``lockstep`` to debug or to replay.
         max_concurrent_episodes: at most this many episodes run at once (each holds an env and, on
             an inference engine, KV cache); ``None`` = every episode of a ``collect`` call. Async
             starts the next episode as soon as one ends; lockstep runs waves of this size.
@@ -80,6 +85,9 @@ class RolloutConfig:
             batch. ``0`` = never wait (pure continuous batching).
         env_backend: ``thread`` (envs in this process, stepped by a thread pool) or ``ray`` (each env
             in a Ray actor, see :mod:`agentgym.ray_envs`; same trajectories for the same seeds).
+        on_template_drift: a chat template that rewrites earlier turns (thinking models dropping old
+            ``<think>`` blocks): ``keep`` the sampled history verbatim (trains exactly what was sampled;
+            counted and logged once) or ``error`` (see :mod:`agentgym.formatting`).
         env_resources: Ray resource requests of each env actor (e.g. ``{"num_cpus": 1}``); None = none.
         ray_address: an existing Ray cluster (``HEAD:6379``); None = a local one (started on demand).
     """
@@ -92,6 +100,7 @@ class RolloutConfig:
     mode: str = "async"
     max_concurrent_episodes: int | None = None
     batch_wait_s: float | None = None
+    on_template_drift: str = "keep"
     env_backend: str = "thread"
     env_resources: dict[str, Any] | None = None
     ray_address: str | None = None
@@ -111,6 +120,8 @@ class RolloutConfig:
             raise ValueError(f"mode must be one of {ROLLOUT_MODES}, got {self.mode!r}")
         if self.max_concurrent_episodes is not None and self.max_concurrent_episodes < 1:
             raise ValueError(f"max_concurrent_episodes must be >= 1 or null (all at once), got {self.max_concurrent_episodes}")
+        if self.on_template_drift not in ("keep", "error", "segment"):
+            raise ValueError(f"on_template_drift must be keep or error, got {self.on_template_drift!r}")
         if self.env_backend not in ("thread", "ray"):
             raise ValueError(f"env_backend must be thread or ray, got {self.env_backend!r}")
         if self.batch_wait_s is not None and not self.batch_wait_s >= 0:
@@ -311,7 +322,7 @@ class TokenTurns:
 
     def add_observation(self, ep: _Episode, gen: Generation, obs: list[dict[str, str]]) -> None:
         obs, _ = self.formatter.truncate(obs)
-        ep.builder.add_env(self.formatter.observation_ids(gen.token_ids, obs, self.tools), obs)
+        ep.builder.add_env(self.formatter.observation_ids(gen.token_ids, obs, self.tools, history=ep.builder), obs)
         ep.messages.extend(dict(m) for m in obs)
 
     def build(self, ep: _Episode, summary: dict[str, Any], terminated: bool, truncated: bool,
@@ -507,7 +518,8 @@ class RolloutEngine:
 
     def formatter_for(self, env: gym.Env) -> Formatter:
         style = self.config.style or env_attr(env, "observation_style", "chat")
-        return make_formatter(style, self.tokenizer, max_obs_tokens=self.config.max_obs_tokens)
+        return make_formatter(style, self.tokenizer, max_obs_tokens=self.config.max_obs_tokens,
+                              on_template_drift=self.config.on_template_drift)
 
     def turns_for(self, env: gym.Env) -> TokenTurns | ChatTurns:
         """The policy path for episodes of ``env``, with the env's stop strings and tools (read
@@ -531,6 +543,12 @@ class RolloutEngine:
         every episode the same way. ``progress(finished, total)`` is called as episodes end and
         turns are generated; a callback that accepts a ``tokens`` keyword also gets the number of
         tokens generated so far. Trajectories come back in episode order (group by group).
+
+        Metrics: :func:`summarize`, plus ``time/generate_s`` (inside ``generate``), ``time/env_s``
+        (the engine waiting for env calls with nothing to generate), ``time/format_s``,
+        ``time/env_calls_s`` (env calls' durations summed over worker threads: above the wall
+        time when they overlap), ``time/wall_s``, ``rollout/generate_calls`` and
+        ``rollout/batch_size_mean``.
         """
         t_start = time.perf_counter()
         if tasks is not None:
@@ -548,6 +566,10 @@ class RolloutEngine:
             schedule(run, envs)
 
         trajs = [ep.traj for ep in episodes]
+        group_reward = env_attr(envs[0], "group_reward")
+        if group_reward is not None and all(t is not None for t in trajs):
+            for start in range(0, n, group_size):   # episodes come group by group
+                apply_group_reward(trajs[start:start + group_size], group_reward)
         if self.config.debug_checks:
             run.turns.check(trajs)
         metrics = summarize(trajs)
@@ -621,38 +643,42 @@ class RolloutEngine:
         ready: list[_Episode] = []                        # waiting for their next turn
         in_flight: dict[cf.Future, tuple[_Episode, Generation | None, float]] = {}  # resets (None) and steps
 
-        while waiting or ready or in_flight:
-            while waiting and free:
-                ep = waiting.popleft()
-                ep.env = free.pop(0)
-                future = self._pool.submit(_timed, ep.env.reset, seed=ep.seed, options=ep.options)
-                in_flight[future] = (ep, None, time.perf_counter())
+        try:
+            while waiting or ready or in_flight:
+                while waiting and free:
+                    ep = waiting.popleft()
+                    ep.env = free.pop(0)
+                    future = self._pool.submit(_timed, ep.env.reset, seed=ep.seed, options=ep.options)
+                    in_flight[future] = (ep, None, time.perf_counter())
 
-            for future in [f for f in in_flight if f.done()]:
-                ep, gen, _ = in_flight.pop(future)
-                result = future.result()
-                if run.started(ep, result) if gen is None else run.stepped(ep, gen, result):
-                    ready.append(ep)
-                else:
-                    free.append(ep.env)
-            run.report()
-            if waiting and free:
-                continue  # start the next episodes first: their resets may join this batch
+                for future in [f for f in in_flight if f.done()]:
+                    ep, gen, _ = in_flight.pop(future)
+                    result = future.result()
+                    if run.started(ep, result) if gen is None else run.stepped(ep, gen, result):
+                        ready.append(ep)
+                    else:
+                        free.append(ep.env)
+                run.report()
+                if waiting and free:
+                    continue  # start the next episodes first: their resets may join this batch
 
-            timeout = None
-            if ready:
-                now = time.perf_counter()
-                wait = self._batch_wait(run)
-                recent = [t for _, _, t in in_flight.values() if now - t < wait]
-                if not recent:
-                    batch, ready = sorted(ready, key=lambda e: e.index), []
-                    for ep, gen in zip(batch, run.generate(batch)):
-                        future = self._pool.submit(_timed, ep.env.step, gen.text)
-                        in_flight[future] = (ep, gen, time.perf_counter())
-                    run.report()
-                    continue
-                timeout = min(recent) + wait - now if wait != float("inf") else None
-            if in_flight:
-                t0 = time.perf_counter()
-                cf.wait(list(in_flight), timeout=timeout, return_when=cf.FIRST_COMPLETED)
-                run.timing["env_s"] += time.perf_counter() - t0
+                timeout = None
+                if ready:
+                    now = time.perf_counter()
+                    wait = self._batch_wait(run)
+                    recent = [t for _, _, t in in_flight.values() if now - t < wait]
+                    if not recent:
+                        batch, ready = sorted(ready, key=lambda e: e.index), []
+                        for ep, gen in zip(batch, run.generate(batch)):
+                            future = self._pool.submit(_timed, ep.env.step, gen.text)
+                            in_flight[future] = (ep, gen, time.perf_counter())
+                        run.report()
+                        continue
+                    timeout = min(recent) + wait - now if wait != float("inf") else None
+                if in_flight:
+                    t0 = time.perf_counter()
+                    cf.wait(list(in_flight), timeout=timeout, return_when=cf.FIRST_COMPLETED)
+                    run.timing["env_s"] += time.perf_counter() - t0
+        except BaseException:
+            cf.wait(list(in_flight))  # env calls still running end before their envs are reused
+            raise

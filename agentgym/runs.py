@@ -43,7 +43,7 @@ def prepare_output_dir(path: str | Path, *, resume: bool = False, overwrite: boo
     existing = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if resume:
         if not existing:
-            raise RunDirError(f"--resume: {out} holds no run to continue")
+            raise RunDirError(f"--resume: {out} holds no run to continue (no checkpoint to resume from)")
         return out
     if existing:
         if not overwrite:

@@ -248,8 +248,6 @@ def test_real_engine_trajectories_take_group_terms(tok):
     assert summarize(batch.trajectories)["reward/majority_wrong"] == pytest.approx(-0.75)
 
 
-@pytest.mark.skipif("apply_group_reward" not in vars(agentgym.rollout),
-                    reason="RolloutEngine does not call apply_group_reward yet (issue 17 §3 hook)")
 def test_engine_applies_the_envs_group_reward(tok):
     batch = collect(tok, README_GROUP_REWARD)
     check_readme_terms(batch)
