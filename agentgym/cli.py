@@ -296,11 +296,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _set_threads(getattr(args, "threads", None), verbose=True)
     policy = load_policy(cfg.policy, env_id, device=cfg.device, backend=cfg.backend)
     with tqdm(total=cfg.episodes * cfg.group_size, desc=f"eval {env_id}", unit="ep") as bar:
-        def progress(done: int, so_far: list[Any]) -> None:
-            bar.update(done - bar.n)
+        def progress(new: int, so_far: list[Any]) -> None:
+            bar.update(len(so_far) - bar.n)
             if so_far:
                 bar.set_postfix(success=f"{summarize(so_far)['success_rate']:.2f}")
-        result = evaluate(policy, cfg, env_id, progress=progress)
+
+        def on_turn(done: int, tokens: int) -> None:   # live: every turn, not only per batch
+            bar.update(done - bar.n)
+            bar.set_postfix_str(f"{tokens} tokens generated")
+        result = evaluate(policy, cfg, env_id, progress=progress, on_turn=on_turn)
     split = result.env_kwargs.get("split", "-")
     title = f"{env_id} (split {split}) · policy {cfg.policy} · {len(result.trajectories)} episodes"
     if result.sandbox:

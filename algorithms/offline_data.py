@@ -112,10 +112,15 @@ def collect_trajectories(policy: Any, env_id: str, env_kwargs: Mapping[str, Any]
         with tqdm(total=data.episodes * data.samples_per_task, desc=desc, unit="ep") as bar:
             for start in range(0, data.episodes, tasks_per_call):
                 indices = [data.first_task + start + i for i in range(min(tasks_per_call, data.episodes - start))]
+                done_before = len(out)
+
+                def turn(finished: int, total: int, tokens: int = 0) -> None:   # live, every turn
+                    bar.update(done_before + finished - bar.n)
+                    bar.set_postfix_str(f"{tokens} tokens in this batch")
                 batch = engine.collect(env_id, task_indices=indices, group_size=data.samples_per_task,
-                                       seed=data.seed + start, env_kwargs=dict(env_kwargs))
+                                       seed=data.seed + start, env_kwargs=dict(env_kwargs), progress=turn)
                 out.extend(batch.trajectories)
-                bar.update(len(batch.trajectories))
+                bar.update(len(out) - bar.n)
     finally:
         engine.close()
     return out
