@@ -67,7 +67,7 @@ import torch
 from agentgym.config import load_config, to_dict
 from agentgym.stats import diff_ci, mean_ci, verdict
 
-from agentgym.algorithms.learners import LEARNERS, LearnerConfig
+from agentgym.algorithms.learners import LEARNERS, LearnerConfig, learner_needs_groups
 from agentgym.algorithms.trainer import TrainConfig, Trainer
 
 __all__ = ["Variant", "RunRecord", "parse_variants", "compare", "run_trl_grpo", "CSV_COLUMNS", "EXTERNAL_ALGOS"]
@@ -125,18 +125,25 @@ class RunRecord:
 
 # ---------------------------------------------------------------------------- arguments
 
-def _variant_key(key: str) -> str:
-    """``lr`` → ``learner.lr``; TrainConfig fields and dotted keys stay as they are."""
+def _variant_key(key: str, algo: str | None = None) -> str:
+    """``lr`` → ``learner.lr``; a setting only ``algo``'s own typed config has (a part registered by a
+    user module) → ``learner.extra.<key>``; TrainConfig fields and dotted keys stay as they are."""
     top = {f.name for f in dataclasses.fields(TrainConfig)}
     if "." in key or key in top:
         return key
     if key in {f.name for f in dataclasses.fields(LearnerConfig)}:
         return f"learner.{key}"
-    raise CompareError(f"variant setting {key!r} is neither a TrainConfig nor a LearnerConfig field")
+    learner = LEARNERS.get((algo or "").lower())
+    if learner is not None and key in {f.name for f in dataclasses.fields(learner.config_class)}:
+        return f"learner.extra.{key}"
+    raise CompareError(f"variant setting {key!r} is neither a TrainConfig nor a LearnerConfig field"
+                       + (f" nor a setting of {algo}" if learner is not None else ""))
 
 
 def parse_variants(text: str | Sequence[str]) -> list[Variant]:
-    """``"reinforce,ppo,grpo:mask_env_tokens=false"`` → variants (labels must be unique)."""
+    """``"reinforce,ppo,grpo:mask_env_tokens=false"`` → variants (labels must be unique). Any registered
+    learner (:data:`~agentgym.algorithms.learners.LEARNERS`, including ones a ``--import`` module added)
+    or external one is accepted."""
     items = text.split(",") if isinstance(text, str) else list(text)
     known = sorted(LEARNERS) + sorted(EXTERNAL_ALGOS)
     out: list[Variant] = []
@@ -144,6 +151,9 @@ def parse_variants(text: str | Sequence[str]) -> list[Variant]:
         if not item:
             continue
         algo, *settings = item.split(":")
+        algo = algo.strip()
+        if algo.lower() in LEARNERS:
+            algo = algo.lower()
         if algo not in known:
             raise CompareError(f"unknown algo {algo!r} in --algos; choose from {', '.join(known)}")
         overrides = []
@@ -151,7 +161,7 @@ def parse_variants(text: str | Sequence[str]) -> list[Variant]:
             if "=" not in s:
                 raise CompareError(f"variant {item!r}: {s!r} is not key=value")
             key, value = s.split("=", 1)
-            key = _variant_key(key.strip())
+            key = _variant_key(key.strip(), algo)
             if key.split(".")[0] in SHARED_KEYS:
                 raise CompareError(f"variant {item!r}: {key} must be the same for every algo "
                                    "(set it for all runs as a key=value override)")
@@ -328,7 +338,7 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
     for seed in seeds:  # seed-major: an interrupted comparison still has every algo on the first seeds
         for v in variants:
             cfg = _resolve(env, v, seed, steps, config, overrides, out)
-            if v.algo in ("grpo", "trl-grpo") and cfg.group_size < 2:
+            if (v.algo == "trl-grpo" or learner_needs_groups(v.algo)) and cfg.group_size < 2:
                 raise CompareError(f"{v.label} needs group_size >= 2 (got {cfg.group_size}); "
                                    "set group_size=K for all algos")
             configs.append((v, cfg))

@@ -1,4 +1,11 @@
-"""The loss core shared by REINFORCE, PPO and GRPO: pure functions on ``(B, T)`` token tensors.
+"""The loss core shared by every learner: pure functions on ``(B, T)`` token tensors.
+
+Policy-gradient surrogates (the per-token term a learner's *objective* contributes): PPO's clipped
+ratio (:func:`clipped_surrogate`, optionally dual-clip, :func:`dual_clip_surrogate`), the on-policy
+``-A log p`` (:func:`reinforce_surrogate`), GSPO's sequence-level ratio (:func:`gspo_surrogate`) and
+CISPO's clipped, detached importance weight on a REINFORCE term (:func:`cispo_surrogate`). Each
+returns ``(loss, ratio, clipped)`` per token; :func:`ppo_objective` aggregates one of them with the
+entropy, KL and value terms.
 
 Alignment. Every per-token tensor is indexed by the position of the token it is about:
 ``logprobs[b, t] = log p(token_ids[b, t] | token_ids[b, :t])``, computed from the logits at
@@ -25,11 +32,13 @@ import torch
 
 __all__ = [
     "LOSS_AGG_MODES", "KL_ESTIMATORS", "selective_log_softmax", "token_logprobs", "entropy_from_logits",
-    "clipped_surrogate", "reinforce_surrogate", "aggregate", "kl_penalty", "clipped_value_loss",
+    "clipped_surrogate", "dual_clip_surrogate", "gspo_surrogate", "cispo_surrogate", "reinforce_surrogate",
+    "SURROGATES", "surrogate_term", "PolicyTerm", "aggregate", "kl_penalty", "clipped_value_loss",
     "masked_mean", "masked_whiten", "LossSettings", "ppo_objective",
 ]
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+SURROGATES = ("clip", "reinforce", "gspo", "cispo")
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
 
 
@@ -116,6 +125,64 @@ def reinforce_surrogate(logp: torch.Tensor, advantages: torch.Tensor) -> torch.T
     return -advantages * logp
 
 
+def dual_clip_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_eps: float = 0.2,
+                        clip_eps_high: float | None = None,
+                        dual_clip_c: float = 3.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Dual-clip PPO (Ye et al., 2020, "Mastering Complex Control in MOBA Games with Deep Reinforcement
+    Learning", arXiv:1912.09729): for a negative advantage the objective is also bounded below by
+    ``c·A`` (``c > 1``), so a token whose ratio has grown huge under a negative advantage cannot
+    contribute an unbounded loss. In loss form: ``min(PPO loss, -c·A)`` where ``A < 0``; unchanged
+    where ``A ≥ 0``. ``clipped`` marks tokens where either clip is active (no gradient there).
+    """
+    if not dual_clip_c > 1.0:
+        raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
+    loss, ratio, clipped = clipped_surrogate(logp, old_logp, advantages, clip_eps, clip_eps_high)
+    bound = -dual_clip_c * advantages
+    dual = (advantages < 0) & (bound < loss)
+    return torch.where(dual, bound, loss), ratio, torch.maximum(clipped, dual.float())
+
+
+def gspo_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                   clip_eps: float = 3e-4,
+                   clip_eps_high: float | None = 4e-4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GSPO (Zheng et al., 2025, "Group Sequence Policy Optimization", arXiv:2507.18071), token form.
+
+    The importance ratio is the sequence's, length-normalised: ``s = exp(mean_t (logp - old_logp))``
+    over the row's ``mask`` tokens (the geometric mean of the token ratios), clipped to
+    ``[1 - ε, 1 + ε_high]`` as a whole — a sequence is kept or dropped, not single tokens. The paper's
+    clip ranges are tiny next to PPO's because ``s`` is a per-token geometric mean (3e-4 / 4e-4 in
+    its §5.1). Token form ("GSPO-token" in the paper): every token carries ``s``'s value with its own
+    log-prob's gradient, ``s_t = sg[s] · p_t / sg[p_t]``, so per-token (per-turn) advantages work;
+    with one advantage per sequence and ``seq-mean-token-mean`` aggregation its gradient is exactly
+    GSPO's, ``-A · s · mean_t ∇log p_t`` when unclipped.
+    """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    m = mask.to(logp.dtype)
+    seq_log_ratio = ((logp - old_logp).detach() * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    ratio = torch.exp(seq_log_ratio[:, None] + logp - logp.detach())   # value s, gradient s·∇log p_t
+    unclipped = -advantages * ratio
+    clipped_loss = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high)
+    return torch.maximum(unclipped, clipped_loss), ratio, (clipped_loss > unclipped).float()
+
+
+def cispo_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_eps: float = 1.0,
+                    clip_eps_high: float | None = 0.28) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax, 2025, "MiniMax-M1", arXiv:2506.13585): a REINFORCE term weighted by the clipped,
+    detached importance ratio, ``-sg(clip(ρ, 1-ε, 1+ε_high)) · A · log p``.
+
+    Unlike PPO's clip, which zeroes the gradient of tokens outside the trust region, every token keeps
+    its gradient; only the weight is bounded. The paper imposes no lower bound (``clip_eps=1``: the
+    weight's floor is 0, which a ratio never goes below) and tunes only the upper one; our default
+    ``ε_high = 0.28`` borrows DAPO's clip-higher value and is a starting point, not the paper's number.
+    ``clipped`` marks tokens whose weight was clipped (they still carry gradient).
+    """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = torch.exp(logp - old_logp)
+    weight = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high).detach()
+    clipped = ((ratio > 1.0 + high) | (ratio < 1.0 - clip_eps)).float()
+    return -weight * advantages * logp, ratio, clipped
+
+
 # --------------------------------------------------------------------------- aggregation
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", *, num_tokens: float | None = None,
@@ -197,16 +264,25 @@ def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: 
 
 # --------------------------------------------------------------------------- the objective
 
+#: A policy-gradient term: ``(logp, old_logp, advantages, ratio_mask) -> (loss, ratio, clipped)``, all
+#: ``(B, T)``. ``ratio_mask`` marks the trained tokens that have sampling-time log-probs (what a
+#: sequence-level ratio averages over). Learners' objectives (``register_objective``) are such terms.
+PolicyTerm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                      tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
 @dataclass(frozen=True)
 class LossSettings:
-    """What :func:`ppo_objective` needs to know (the learners build it from ``LearnerConfig``).
+    """What :func:`ppo_objective` needs to know (the learners build it from their config).
 
-    ``surrogate``: ``clip`` (PPO/GRPO ratio clipping) or ``reinforce`` (``-A log p``).
-    ``max_len``: the constant of ``seq-mean-token-sum``.
+    ``surrogate``: ``clip`` (PPO/GRPO ratio clipping; dual-clip when ``dual_clip_c`` is set),
+    ``reinforce`` (``-A log p``), ``gspo`` or ``cispo`` (see their functions) — used when no
+    ``policy_term`` is passed to :func:`ppo_objective`. ``max_len``: the constant of ``seq-mean-token-sum``.
     """
     surrogate: str = "clip"
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
+    dual_clip_c: float | None = None
     loss_agg: str = "token-mean"
     max_len: float | None = None
     kl_coef: float = 0.0            # > 0 with ref log-probs: KL term in the loss
@@ -216,12 +292,32 @@ class LossSettings:
     value_clip_eps: float | None = 0.2
 
     def __post_init__(self) -> None:
-        if self.surrogate not in ("clip", "reinforce"):
-            raise ValueError(f"surrogate must be 'clip' or 'reinforce', got {self.surrogate!r}")
+        if self.surrogate not in SURROGATES:
+            raise ValueError(f"surrogate must be one of {SURROGATES}, got {self.surrogate!r}")
         if self.loss_agg not in LOSS_AGG_MODES:
             raise ValueError(f"unknown loss aggregation {self.loss_agg!r}; choose one of {LOSS_AGG_MODES}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; choose one of {KL_ESTIMATORS}")
+        if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
+            raise ValueError(f"dual_clip_c must be > 1 or None, got {self.dual_clip_c}")
+
+
+def surrogate_term(settings: LossSettings) -> PolicyTerm:
+    """The built-in policy-gradient term ``settings.surrogate`` names, as a :data:`PolicyTerm`."""
+    name, eps, high = settings.surrogate, settings.clip_eps, settings.clip_eps_high
+
+    def term(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
+             ratio_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if name == "clip":
+            if settings.dual_clip_c is not None:
+                return dual_clip_surrogate(logp, old_logp, adv, eps, high, settings.dual_clip_c)
+            return clipped_surrogate(logp, old_logp, adv, eps, high)
+        if name == "gspo":
+            return gspo_surrogate(logp, old_logp, adv, ratio_mask, eps, high)
+        if name == "cispo":
+            return cispo_surrogate(logp, old_logp, adv, eps, high)
+        return reinforce_surrogate(logp, adv), torch.exp(logp - old_logp), torch.zeros_like(logp)
+    return term
 
 
 def ppo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
@@ -229,8 +325,8 @@ def ppo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
                   entropy: torch.Tensor | None = None, ref_logp: torch.Tensor | None = None,
                   values: torch.Tensor | None = None, old_values: torch.Tensor | None = None,
                   returns: torch.Tensor | None = None, num_tokens: float | None = None,
-                  num_seqs: float | None = None,
-                  is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                  num_seqs: float | None = None, is_weights: torch.Tensor | None = None,
+                  policy_term: PolicyTerm | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``loss = policy_loss - entropy_coef·H + kl_coef·KL + value_coef·value_loss``, each term
     aggregated over ``mask`` (the training mask) with ``settings.loss_agg``.
 
@@ -239,7 +335,8 @@ def ppo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     log-prob is the current one, detached. The KL term needs ``ref_logp``, the value term
     ``values``, ``old_values`` and ``returns``; the entropy term needs ``entropy``. ``is_weights``
     (detached, per token) multiplies the policy-gradient term: the truncated importance-sampling
-    correction for a sampler whose log-probs differ from the learner's.
+    correction for a sampler whose log-probs differ from the learner's. ``policy_term`` (a learner's
+    objective) replaces the built-in surrogate ``settings.surrogate`` names.
 
     Returns the scalar loss and detached statistics (token means over ``mask`` unless noted).
     """
@@ -248,13 +345,9 @@ def ppo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     if sampled_mask is not None:
         old_logp = torch.where(sampled_mask.bool(), old_logp, logp.detach())
     stats: dict[str, torch.Tensor] = {}
-    if settings.surrogate == "clip":
-        pg, ratio, clipped = clipped_surrogate(logp, old_logp, advantages, settings.clip_eps, settings.clip_eps_high)
-        stats["clip_frac"] = masked_mean(clipped, mask)
-    else:
-        pg = reinforce_surrogate(logp, advantages)
-        ratio = torch.exp(logp - old_logp)
-        stats["clip_frac"] = torch.zeros(())
+    ratio_mask = mask if sampled_mask is None else mask * sampled_mask.to(mask.dtype)
+    pg, ratio, clipped = (policy_term or surrogate_term(settings))(logp, old_logp, advantages, ratio_mask)
+    stats["clip_frac"] = masked_mean(clipped, mask)
     if is_weights is not None:
         pg = pg * is_weights.detach()
     policy_loss = agg(pg)

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from agentgym.algorithms.advantages import (BatchMeanBaseline, MovingAverageBaseline, NoBaseline, broadcast_to_tokens,
-                                            discounted_returns, gae, group_normalize, make_baseline, rebn)
+                                            discounted_returns, episode_returns, gae, group_normalize, leave_one_out,
+                                            make_baseline, observation_history_keys, rebn, turn_gae,
+                                            turn_group_normalize, turn_rewards)
 
 
 # --------------------------------------------------------------------------- returns
@@ -145,3 +147,65 @@ def test_group_normalize_groups_need_not_be_contiguous():
     # group "a" = indices 0, 2 (rewards 0, 2: mean 1, sample std sqrt(2)); group "b" = 1, 3 (rewards 1, 1)
     out = group_normalize([0.0, 1.0, 2.0, 1.0], ["a", "b", "a", "b"], eps=0.0)
     assert out == pytest.approx([-1 / math.sqrt(2), 0.0, 1 / math.sqrt(2), 0.0])
+
+
+def test_leave_one_out_by_hand():
+    # group 0: 1, 2, 6 -> 1 - (2+6)/2 = -3; 2 - (1+6)/2 = -1.5; 6 - (1+2)/2 = 4.5; a group of one and None: 0
+    assert leave_one_out([1.0, 2.0, 6.0, 5.0, 5.0], [0, 0, 0, 1, None]) == pytest.approx([-3.0, -1.5, 4.5, 0.0, 0.0])
+    # = n/(n-1) · (r - group mean): mean 3 -> 1.5 · (-2, -1, 3)
+    assert leave_one_out([1.0, 2.0, 6.0], [0, 0, 0]) == pytest.approx([1.5 * -2, 1.5 * -1, 1.5 * 3])
+
+
+# --------------------------------------------------------------------------- per-turn credit
+
+def test_turn_rewards_and_episode_returns_by_hand():
+    # tokens: prompt 0-1, turn 0 = [2, 4) (step reward 0.5 on token 3), env 4, turn 1 = [5, 7) (2.0 on token 6)
+    # a KL penalty of -0.1 on token 2 belongs to turn 0 too
+    rewards = [0, 0, -0.1, 0.5, 0, 0, 2.0]
+    assert turn_rewards(rewards, [(2, 4), (5, 7)]) == pytest.approx([0.4, 2.0])
+    assert episode_returns([0.4, 2.0]) == pytest.approx([2.4, 2.4])
+    # discounted from the first turn: 0.4 + 0.5·2.0 = 1.4 on both turns
+    assert episode_returns([0.4, 2.0], gamma=0.5) == pytest.approx([1.4, 1.4]) and episode_returns([]) == []
+
+
+def test_observation_history_keys_keep_only_the_tokens_the_policy_did_not_sample():
+    # ids 1 2 | 3 4 (policy) | 5 | 6 7 (policy): turn 0 saw (1, 2); turn 1 saw (1, 2, 5)
+    keys = observation_history_keys([1, 2, 3, 4, 5, 6, 7], [0, 0, 1, 1, 0, 1, 1], [(2, 4), (5, 7)])
+    assert keys == [(1, 2), (1, 2, 5)]
+    # a different action with the same observations has the same key
+    assert observation_history_keys([1, 2, 9, 9, 5, 6], [0, 0, 1, 1, 0, 1], [(2, 4), (5, 6)]) == keys
+
+
+def test_turn_group_normalize_by_hand():
+    # one group of three; turn values (returns-to-go): a = [3, 1], b = [1, 2], c = [2, 4]
+    values = [[3.0, 1.0], [1.0, 2.0], [2.0, 4.0]]
+    keys = [["p", "x"], ["p", "x"], ["p", "y"]]       # a and b reached the same state at turn 1, c another
+    adv = turn_group_normalize(values, [0, 0, 0], keys, scale=False)
+    # turn 0: one state (the prompt), mean 2 -> 1, -1, 0
+    # turn 1: a, b share "x": mean 1.5 -> -0.5, +0.5; c has no peer -> the group's turn-1 pool {1, 2, 4}, mean 7/3
+    assert [a[0] for a in adv] == pytest.approx([1.0, -1.0, 0.0])
+    assert [a[1] for a in adv] == pytest.approx([-0.5, 0.5, 4.0 - 7.0 / 3.0])
+    # without the index fallback a turn without a peer gets 0 (as a group of one)
+    assert turn_group_normalize(values, [0, 0, 0], keys, scale=False, index_fallback=False)[2][1] == 0.0
+    # leave-one-out: turn 0: 3 - 1.5 = 1.5, 1 - 2.5 = -1.5, 2 - 2 = 0; turn 1: 1 - 2 = -1, 2 - 1 = 1, 4 - 1.5 = 2.5
+    loo = turn_group_normalize(values, [0, 0, 0], keys, leave_one_out_baseline=True)
+    assert loo == [pytest.approx([1.5, -1.0]), pytest.approx([-1.5, 1.0]), pytest.approx([0.0, 2.5])]
+    # std scaling: turn 0's pool {3, 1, 2} has sample std 1
+    scaled = turn_group_normalize(values, [0, 0, 0], keys, scale=True, eps=0.0)
+    assert [a[0] for a in scaled] == pytest.approx([1.0, -1.0, 0.0])
+    # trajectories of other groups never share a pool; a turn nobody else reached gets 0
+    other = turn_group_normalize([[1.0], [5.0, 7.0], [3.0]], [0, 0, 1], None, scale=False)
+    assert other == [pytest.approx([-2.0]), pytest.approx([2.0, 0.0]), pytest.approx([0.0])]
+
+
+def test_turn_gae_by_hand():
+    # rewards 1, 0, 2; values 0.5, 1.0, 1.5; gamma = lam = 0.5
+    # k=2: delta = 2 - 1.5 = 0.5;                A2 = 0.5
+    # k=1: delta = 0 + 0.5·1.5 - 1.0 = -0.25;    A1 = -0.25 + 0.25·0.5 = -0.125
+    # k=0: delta = 1 + 0.5·1.0 - 0.5 = 1.0;      A0 = 1.0 + 0.25·(-0.125) = 0.96875
+    adv, ret = turn_gae([1.0, 0.0, 2.0], [0.5, 1.0, 1.5], gamma=0.5, lam=0.5)
+    assert adv == pytest.approx([0.96875, -0.125, 0.5])
+    assert ret == pytest.approx([1.46875, 0.875, 2.0])
+    # gamma = lam = 1: return-to-go minus value
+    adv, _ = turn_gae([1.0, 0.0, 2.0], [0.5, 1.0, 1.5])
+    assert adv == pytest.approx([3.0 - 0.5, 2.0 - 1.0, 2.0 - 1.5])

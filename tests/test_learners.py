@@ -268,6 +268,20 @@ def test_state_dict_round_trip_resumes_identically(env_id, name, extra):
         other.load_state_dict(saved["learner"])
 
 
+def test_checkpoints_written_before_the_learner_parts_split_still_load(env_id):
+    # REINFORCE's moving-average baseline used to be saved under "baseline"; it now lives in the
+    # advantage estimator's state ("advantage")
+    cfg = LearnerConfig(lr=1e-2, temperature=TEMPERATURE, baseline="ema")
+    policy = new_policy(16)
+    learner = make_learner("reinforce", policy, cfg)
+    learner.update(small_batch(env_id, policy))
+    state = copy.deepcopy(learner.state_dict())
+    state["baseline"] = state.pop("advantage")
+    resumed = make_learner("reinforce", new_policy(16), cfg)
+    resumed.load_state_dict(state)
+    assert resumed.baseline.value == pytest.approx(learner.baseline.value) and resumed.baseline.value is not None
+
+
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_gradient_accumulation_matches_one_big_batch(env_id, loss_agg):
     policy = new_policy(8)

@@ -13,8 +13,9 @@ import torch
 from agentgym.algorithms import losses
 from agentgym.algorithms.batch import collate
 from agentgym.algorithms.learners import LearnerConfig, make_learner
-from agentgym.algorithms.losses import (LossSettings, aggregate, clipped_surrogate, clipped_value_loss,
-                                        entropy_from_logits, kl_penalty, ppo_objective, reinforce_surrogate,
+from agentgym.algorithms.losses import (LossSettings, aggregate, cispo_surrogate, clipped_surrogate,
+                                        clipped_value_loss, dual_clip_surrogate, entropy_from_logits, gspo_surrogate,
+                                        kl_penalty, ppo_objective, reinforce_surrogate, surrogate_term,
                                         token_logprobs)
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
@@ -94,6 +95,92 @@ def test_reinforce_surrogate_gradient_is_minus_advantage():
     logp = torch.tensor([-1.0, -2.0], requires_grad=True)
     reinforce_surrogate(logp, torch.tensor([2.0, -0.5])).sum().backward()
     assert logp.grad.tolist() == [-2.0, 0.5]
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages_by_hand():
+    # Ye et al. 2020: for A < 0 the loss is min(PPO loss, -c·A); c = 3, eps = 0.2
+    ratio = torch.tensor([5.0, 4.0, 2.0, 5.0, 0.5])
+    adv = torch.tensor([-1.0, -0.5, -1.0, 1.0, -1.0])
+    logp = torch.log(ratio).requires_grad_()
+    loss, _, clipped = dual_clip_surrogate(logp, torch.zeros(5), adv, clip_eps=0.2, dual_clip_c=3.0)
+    # 5, -1: PPO max(5, 1.2) = 5 -> min(5, 3) = 3        4, -0.5: max(2, 0.6) = 2 -> min(2, 1.5) = 1.5
+    # 2, -1: PPO 2 < 3: unchanged                         5, +1: PPO max(-5, -1.2) = -1.2 (A > 0: no dual bound)
+    # 0.5, -1: PPO max(0.5, 0.8) = 0.8 (the usual clip)
+    assert loss.tolist() == pytest.approx([3.0, 1.5, 2.0, -1.2, 0.8])
+    assert clipped.tolist() == [1.0, 1.0, 0.0, 1.0, 1.0]
+    loss.sum().backward()
+    # under the dual bound the loss is the constant -c·A: no gradient; the unclipped token: -A·ratio = 2
+    assert logp.grad.tolist() == pytest.approx([0.0, 0.0, 2.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="dual_clip_c"):
+        dual_clip_surrogate(logp, torch.zeros(5), adv, dual_clip_c=1.0)
+
+
+def test_gspo_uses_one_length_normalised_ratio_per_sequence_by_hand():
+    # row 0: token log-ratios ln 2, 0 (and a masked token with log-ratio 5): s = exp(ln 2 / 2) = √2
+    # row 1: log-ratios ln 4, ln 4: s = 4, outside [0.5, 1.5]
+    old = torch.zeros(2, 3)
+    logp = torch.tensor([[LN2, 0.0, 5.0], [2 * LN2, 2 * LN2, 0.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    loss, ratio, clipped = gspo_surrogate(logp, old, adv, mask, clip_eps=0.5, clip_eps_high=0.5)
+    s = math.sqrt(2.0)
+    # every token carries its sequence's ratio; row 1 is clipped as a whole at 1.5
+    assert ratio[0, :2].tolist() == pytest.approx([s, s]) and ratio[1, :2].tolist() == pytest.approx([4.0, 4.0])
+    assert loss[0, :2].tolist() == pytest.approx([-s, -s]) and loss[1, :2].tolist() == pytest.approx([-1.5, -1.5])
+    assert clipped[:, :2].tolist() == [[0.0, 0.0], [1.0, 1.0]]
+    (loss * mask).sum().backward()
+    # GSPO-token: each unclipped token's gradient is -A·s (the sequence ratio's value, its own log-prob's
+    # direction); the clipped sequence gets none; a masked token does not enter s
+    assert logp.grad[0].tolist() == pytest.approx([-s, -s, 0.0]) and logp.grad[1].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_gspo_token_form_has_the_sequence_objectives_gradient():
+    # with one advantage per sequence and a per-sequence token mean, the token form's gradient equals that
+    # of GSPO's sequence objective -min(s·A, clip(s)·A), s = exp(mean_t log-ratio) (Zheng et al. 2025)
+    g = torch.Generator().manual_seed(0)
+    old = torch.randn(3, 5, generator=g)
+    base = (old + 0.01 * torch.randn(3, 5, generator=g))
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 1, 1, 0]], dtype=torch.float32)
+    adv = torch.tensor([[0.7], [-1.2], [0.3]]).expand(3, 5)
+    a = base.clone().requires_grad_()
+    loss, _, _ = gspo_surrogate(a, old, adv, mask, clip_eps=0.2)
+    aggregate(loss, mask, "seq-mean-token-mean").backward()
+    b = base.clone().requires_grad_()
+    s = torch.exp(((b - old) * mask).sum(-1) / mask.sum(-1))
+    seq = torch.maximum(-adv[:, 0] * s, -adv[:, 0] * torch.clamp(s, 0.8, 1.2))
+    seq.mean().backward()
+    assert torch.allclose(a.grad, b.grad, atol=1e-6)
+
+
+def test_cispo_keeps_every_tokens_gradient_with_a_clipped_detached_weight_by_hand():
+    # ratios 1.5, 0.5, 1.1 with A = +1, -1, +1; no lower bound (eps 1), upper 1 + 0.28
+    ratio = torch.tensor([1.5, 0.5, 1.1])
+    adv = torch.tensor([1.0, -1.0, 1.0])
+    logp = torch.log(ratio).requires_grad_()
+    loss, r, clipped = cispo_surrogate(logp, torch.zeros(3), adv, clip_eps=1.0, clip_eps_high=0.28)
+    # weights min(1.5, 1.28) = 1.28, 0.5, 1.1 (detached); loss -w·A·log p
+    assert loss.tolist() == pytest.approx([-1.28 * math.log(1.5), 0.5 * math.log(0.5), -1.1 * math.log(1.1)])
+    assert clipped.tolist() == [1.0, 0.0, 0.0] and r.tolist() == pytest.approx(ratio.tolist())
+    loss.sum().backward()
+    # gradient -w·A on every token, the clipped one included (PPO's clip would give it 0)
+    assert logp.grad.tolist() == pytest.approx([-1.28, 0.5, -1.1])
+
+
+def test_objective_takes_a_policy_term_and_the_named_surrogates():
+    logp = torch.tensor([[0.0, -1.0, -2.0]], requires_grad=True)
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    adv = torch.tensor([[0.0, 2.0, 2.0]])
+
+    def half_pg(lp, old, a, ratio_mask):       # a user objective: half the on-policy policy gradient
+        return -0.5 * a * lp, torch.exp(lp - old), torch.zeros_like(lp)
+    loss, st = ppo_objective(logp, logp.detach(), adv, mask, LossSettings(), policy_term=half_pg)
+    assert loss.item() == pytest.approx(-0.5 * 2 * (-1.0 - 2.0) / 2)   # token mean of -0.5·A·log p = 1.5
+    for name in ("clip", "reinforce", "gspo", "cispo"):
+        term = surrogate_term(LossSettings(surrogate=name))
+        pg, ratio, _ = term(logp, logp.detach(), adv, mask)
+        assert ratio[0, 1:].tolist() == pytest.approx([1.0, 1.0]), name   # on-policy: every ratio is 1
+    with pytest.raises(ValueError, match="surrogate"):
+        LossSettings(surrogate="dqn")
 
 
 # --------------------------------------------------------------------------- aggregation
