@@ -38,7 +38,7 @@ __all__ = [
     "ExactMatch", "TokenF1", "FormatCompliance", "CallCost", "InvalidActionPenalty",
     "LengthPenalty", "TurnLimitPenalty",
     "GroupMember", "GroupShaper", "group_shaper", "GroupReward", "apply_group_reward",
-    "AnswerDiversity", "SharedWrongAnswer",
+    "AnswerDiversity", "SharedWrongAnswer", "potential_shaper", "PotentialShaper",
 ]
 
 
@@ -121,6 +121,41 @@ def shaper(name: str | None = None, *, terminal: bool = False) -> Callable[[Call
     """Decorator turning ``fn(event) -> float`` into a named shaper (terminal: 0 until the last step)."""
     def wrap(fn: Callable[[StepEvent], float]) -> RewardShaper:
         return _FunctionShaper(fn, name or fn.__name__, terminal)
+    return wrap
+
+
+class PotentialShaper:
+    """Potential-based shaping (Ng, Harada & Russell, ICML 1999): the term is ``γ·Φ(s') − Φ(s)``.
+
+    ``Φ`` maps a state — the task and the steps taken so far (``StepRecord`` list) — to a float.
+    Such a term changes every policy's return by the same telescoping sum ``γ^T Φ(s_T) − Φ(s_0)``
+    (exactly ``Φ(s_T) − Φ(s_0)`` with γ = 1), so it can speed learning without changing which policy
+    is optimal. On the last step the terminal state's potential counts as 0 (``terminal_zero``, the
+    condition of the theorem for episodic tasks): the sum is then ``−Φ(s_0)``, the same for every policy.
+    """
+
+    terminal = False
+
+    def __init__(self, potential: Callable[[Mapping[str, Any], Sequence[StepRecord]], float], *, gamma: float = 1.0,
+                 name: str | None = None, terminal_zero: bool = True):
+        if not 0 <= gamma <= 1:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        self.potential, self.gamma, self.terminal_zero = potential, gamma, terminal_zero
+        self.name = name or getattr(potential, "__name__", "potential")
+
+    def __call__(self, event: StepEvent) -> float:
+        before = list(event.history)
+        after = before + [StepRecord(event.turn, event.action, event.action_type, event.parsed, dict(event.info))]
+        phi_next = 0.0 if (event.done and self.terminal_zero) else float(self.potential(event.task, after))
+        return self.gamma * phi_next - float(self.potential(event.task, before))
+
+
+def potential_shaper(name: str | None = None, *, gamma: float = 1.0,
+                     terminal_zero: bool = True) -> Callable[[Callable[..., float]], PotentialShaper]:
+    """Decorator: ``@potential_shaper("progress")`` on ``phi(task, steps) -> float`` gives a shaper whose
+    term is ``γ·Φ(s') − Φ(s)`` (see :class:`PotentialShaper`)."""
+    def wrap(fn: Callable[..., float]) -> PotentialShaper:
+        return PotentialShaper(fn, gamma=gamma, name=name or fn.__name__, terminal_zero=terminal_zero)
     return wrap
 
 
