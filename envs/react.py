@@ -69,7 +69,8 @@ from agentgym.parsing import parse_react
 from agentgym.rewards import ExactMatch, InvalidActionPenalty, StepEvent, exact_match, normalize_answer
 from agentgym.envs.calculator import calculator
 from agentgym.envs.searchqa.data import bundled_dataset, split_title
-from agentgym.envs.searchqa.env import format_passages, get_retriever
+from agentgym.envs.retrieval.base import format_passages
+from agentgym.envs.retrieval.shared import get_retriever
 
 __all__ = ["ReActEnv", "REACT_SYSTEM_PROMPT", "DEFAULT_WEIGHTS", "TOOL_ACTION_TYPES", "RELATION_PHRASES", "hop_chain",
            "ToolEfficiency", "ToolOveruse", "ThoughtQuality", "WrongAnswer"]

@@ -106,5 +106,6 @@ else
 fi
 
 if "$PY" -c "import agentgym.envs.sandbox" 2>/dev/null; then
-  say "sandbox backends: $("$PY" -m agentgym.envs.sandbox status | tr -d '\n ' )"
+  say "sandbox status (agentgym sandbox status):"
+  "$PY" -m agentgym.envs.sandbox status --image "$IMAGE" | sed 's/^/[setup-docker]   /' || true
 fi

@@ -1,7 +1,8 @@
 """CodeExec-v0: bundled problems (each reference passes, a trivially wrong program fails), the oracle,
-every reward term, invalid actions, multi-attempt repair, harness isolation, and the HumanEval/MBPP
-loaders. Everything runs in a real sandbox: ``best_sandbox()`` (Docker in CI, whatever is available
-locally) and, explicitly, the ``subprocess`` backend.
+every reward term, invalid actions, multi-attempt repair, harness isolation, the train/test split, and
+the HumanEval/MBPP loaders. Everything runs in a real sandbox: ``best_sandbox()`` (Docker in CI, else
+bwrap) and, explicitly opted in (``UNSAFE``), the ``subprocess`` backend. Fail-closed selection itself
+is tested in ``test_sandbox.py``.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import agentgym
 from agentgym.checking import check_invalid_step, run_check_env
 from agentgym.envs.codeexec import (
     CodeExecEnv, ProblemFormatError, bundled_problems, load_humaneval_jsonl, load_mbpp_jsonl, load_problems,
-    run_tests, run_tests_batch,
+    run_tests, run_tests_batch, split_of,
 )
-from agentgym.envs.sandbox import best_sandbox
+from agentgym.envs.sandbox import SandboxRefusedError, best_sandbox
+from agentgym.evaluation import env_takes_split
 
 ENV_ID = "agentgym/CodeExec-v0"
+UNSAFE = {"sandbox": "subprocess", "allow_unsafe": True}  # the unsafe backend, explicitly opted in to
 if ENV_ID not in gym.registry:
     agentgym.register("CodeExec-v0", entry_point="agentgym.envs.codeexec.env:CodeExecEnv")
 
@@ -54,7 +57,7 @@ def test_bundled_problem_set():
         assert len(p["tests"]) >= 4, p["task_id"]
         assert 1 <= p["visible"] < len(p["tests"]), p["task_id"]  # some tests stay hidden
         assert p["statement"] and p["solution"]
-    assert CodeExecEnv(sandbox="subprocess").num_tasks == len(problems)
+    assert CodeExecEnv(split=None, **UNSAFE).num_tasks == len(problems)
 
 
 def test_every_reference_passes_and_a_trivially_wrong_program_fails(sandbox):
@@ -72,7 +75,7 @@ def test_every_reference_passes_and_a_trivially_wrong_program_fails(sandbox):
 def test_oracle_solves_every_bundled_problem_with_the_subprocess_backend():
     """The oracle policy through the env API, in parallel episodes (as a rollout engine would)."""
     def episode(index: int) -> tuple[float, dict]:
-        env = agentgym.make("CodeExec-v0", sandbox="subprocess")
+        env = agentgym.make("CodeExec-v0", split=None, **UNSAFE)
         obs, info = env.reset(options={"task_index": index})
         action = env.unwrapped.oracle({"task": info["privileged"]["task"], "turn": 0, "messages": obs})
         obs, reward, terminated, truncated, info = env.step(action)
@@ -80,7 +83,7 @@ def test_oracle_solves_every_bundled_problem_with_the_subprocess_backend():
         assert info["exec"]["backend"] == "subprocess"
         return reward, info
 
-    n = CodeExecEnv(sandbox="subprocess").num_tasks
+    n = CodeExecEnv(split=None, **UNSAFE).num_tasks
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(episode, range(n)))
     for index, (reward, info) in enumerate(results):
@@ -92,7 +95,7 @@ def test_oracle_solves_every_bundled_problem_with_the_subprocess_backend():
 
 # --------------------------------------------------------------------------- prompts
 def test_prompt_shows_statement_and_visible_tests_only():
-    env = CodeExecEnv(sandbox="subprocess")
+    env = CodeExecEnv(split=None, **UNSAFE)
     task = next(p for p in env.problems if p["task_id"] == "agentgym/merge_intervals")
     obs, info = env.reset(options={"task": task})
     assert [m["role"] for m in obs] == ["system", "user"]
@@ -109,7 +112,7 @@ def test_prompt_shows_statement_and_visible_tests_only():
 
 # --------------------------------------------------------------------------- repair and rewards
 def test_wrong_then_right_repair_on_best_sandbox(sandbox):
-    env = agentgym.make("CodeExec-v0", sandbox=sandbox)
+    env = agentgym.make("CodeExec-v0", sandbox=sandbox, split=None)
     obs, info = env.reset(options={"task_index": next(i for i, p in enumerate(bundled_problems())
                                                       if p["task_id"] == "agentgym/rle_encode")})
     task = info["privileged"]["task"]
@@ -135,7 +138,7 @@ def test_wrong_then_right_repair_on_best_sandbox(sandbox):
 
 
 def _partial_solution_env(**kwargs):
-    env = CodeExecEnv(sandbox="subprocess", **kwargs)
+    env = CodeExecEnv(split=None, **UNSAFE, **kwargs)
     index = next(i for i, p in enumerate(env.problems) if p["task_id"] == "agentgym/digital_root")
     env.reset(options={"task_index": index})
     return env, "def digital_root(n):\n    return n if n < 10 else sum(map(int, str(n)))\n"  # one round only
@@ -178,7 +181,7 @@ def test_all_pass_reward_mode_and_custom_weights():
     ("```python\n   \n```", "is empty"),
 ])
 def test_invalid_actions_explain_and_cost(action, why):
-    env = agentgym.make("CodeExec-v0", sandbox="subprocess")
+    env = agentgym.make("CodeExec-v0", **UNSAFE)
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step(action)
     assert info["action_type"] == "invalid" and not terminated and not truncated
@@ -189,7 +192,7 @@ def test_invalid_actions_explain_and_cost(action, why):
 
 
 def test_invalid_turns_exhaust_the_turn_limit():
-    env = agentgym.make("CodeExec-v0", sandbox="subprocess")
+    env = agentgym.make("CodeExec-v0", **UNSAFE)
     env.reset(seed=1)
     steps = [env.step("no code here")[2:4] for _ in range(3)]
     assert steps == [(False, False), (False, False), (False, True)]
@@ -339,16 +342,40 @@ def test_stdin_stdout_problem_feedback(sandbox):
     assert terminated and reward == pytest.approx(0.95)
 
 
-def test_sandbox_argument_forms():
-    assert CodeExecEnv(sandbox="subprocess").sandbox.name == "subprocess"
+def test_sandbox_argument_forms_and_the_backend_used():
+    env = CodeExecEnv()
+    assert env.sandbox_backend in ("docker", "bwrap")       # chosen at construction, started on first use
+    assert env._sandbox is None and env.sandbox.name == env.sandbox_backend
+    assert CodeExecEnv().sandbox is env.sandbox              # one shared sandbox per process
+    assert CodeExecEnv(**UNSAFE).sandbox.name == CodeExecEnv(**UNSAFE).sandbox_backend == "subprocess"
+    with pytest.raises(SandboxRefusedError, match="allow_unsafe=True"):
+        CodeExecEnv(sandbox="subprocess")                    # named, but not opted in to
     with best_sandbox() as sb:
-        assert CodeExecEnv(sandbox=sb).sandbox is sb
+        assert CodeExecEnv(sandbox=sb).sandbox is sb and CodeExecEnv(sandbox=sb).sandbox_backend == sb.name
     with pytest.raises(ValueError, match="unknown sandbox"):
         CodeExecEnv(sandbox="vm")
 
 
+def test_train_and_test_splits_partition_the_bundled_problems():
+    ids = lambda env: [p["task_id"] for p in env.problems]  # noqa: E731
+    train, test = CodeExecEnv(split="train"), CodeExecEnv(split="test")
+    assert CodeExecEnv().split == "train" and ids(CodeExecEnv()) == ids(train)
+    assert set(ids(train)).isdisjoint(ids(test))
+    assert sorted(ids(train) + ids(test)) == sorted(p["task_id"] for p in bundled_problems())
+    # a hash of each task_id: the same on every machine, and a new problem never moves another
+    assert ids(test) == ["agentgym/rle_decode", "agentgym/second_largest", "agentgym/common_prefix",
+                         "agentgym/flatten", "agentgym/chunked", "agentgym/matmul", "agentgym/summarize_ranges",
+                         "agentgym/top_k", "agentgym/min_coins", "agentgym/column_name", "agentgym/can_halve",
+                         "agentgym/io_bank", "agentgym/io_histogram"]
+    assert all(split_of(t) == "test" for t in ids(test)) and test.num_tasks == 13 and train.num_tasks == 38
+    assert CodeExecEnv(problems=bundled_problems()[:3], split="test").num_tasks == 3  # your own problems: whole
+    with pytest.raises(ValueError, match="split must be one of"):
+        CodeExecEnv(split="dev")
+    assert env_takes_split(ENV_ID)  # so `agentgym eval` evaluates on split="test"
+
+
 def test_check_env_passes():
-    assert run_check_env(ENV_ID, {"sandbox": "subprocess"}) is None
+    assert run_check_env(ENV_ID, UNSAFE) is None
 
 
 # --------------------------------------------------------------------------- loaders
@@ -448,4 +475,4 @@ def test_format_detection_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         CodeExecEnv(data_path=tmp_path / "missing.jsonl")
     with pytest.raises(ProblemFormatError, match=r"options\['task'\]"):
-        CodeExecEnv(sandbox="subprocess").reset(options={"task": {"task_id": "t", "statement": "s", "tests": []}})
+        CodeExecEnv(**UNSAFE).reset(options={"task": {"task_id": "t", "statement": "s", "tests": []}})

@@ -15,7 +15,7 @@ from agentgym.checking import check_invalid_step, run_check_env
 from agentgym.envs.mathrl import MathEnv, answers_equal, extract_answer, make_problem, parse_number
 from agentgym.envs.mathrl.env import count_reasoning_steps, repetition_score, think_format_ok
 from agentgym.envs.mathrl.problems import KINDS, split_of
-from agentgym.envs.sandbox import best_sandbox
+from agentgym.envs.sandbox import SandboxRefusedError, best_sandbox
 
 ENV_ID = "agentgym/Math-v0"
 if ENV_ID not in gym.registry:
@@ -186,7 +186,7 @@ def test_difficulty_zero_is_one_operation_for_arithmetic_only():
 
 def test_check_env_passes():
     assert run_check_env(ENV_ID) is None
-    assert run_check_env(ENV_ID, {"tools": True, "sandbox": "subprocess"}) is None
+    assert run_check_env(ENV_ID, {"tools": True, "sandbox": "subprocess", "allow_unsafe": True}) is None
 
 
 # --------------------------------------------------------------------------- tools mode
@@ -196,8 +196,18 @@ def sandbox():
         yield sb
 
 
+def test_sandbox_only_with_tools_and_never_unsafe_by_default():
+    assert MathEnv().sandbox_backend is None                    # no tools: no code runs, nothing probed
+    assert MathEnv(tools=True).sandbox_backend in ("docker", "bwrap")
+    with pytest.raises(SandboxRefusedError, match="allow_unsafe=True"):
+        MathEnv(tools=True, sandbox="subprocess")
+    with pytest.raises(ValueError, match="unknown sandbox"):
+        MathEnv(tools=True, sandbox="vm")
+
+
 def test_python_tool_round_trip_on_best_sandbox(sandbox):
     env = agentgym.make("Math-v0", tools=True, sandbox=sandbox, reward={"tool_cost": 0.02})
+    assert env.unwrapped.sandbox_backend == sandbox.name
     obs, info = env.reset(options={"task_index": 2})
     assert "```python" in obs[0]["content"] and env.unwrapped.stop_strings == ("```output",)
     task = info["privileged"]["task"]
@@ -213,8 +223,9 @@ def test_python_tool_round_trip_on_best_sandbox(sandbox):
 
 
 def test_python_tool_errors_limits_and_continuation_style():
-    env = MathEnv(tools=True, sandbox="subprocess", max_tool_calls=2, tool_time_limit_s=1.0,
+    env = MathEnv(tools=True, sandbox="subprocess", allow_unsafe=True, max_tool_calls=2, tool_time_limit_s=1.0,
                   observation_style="continuation")
+    assert env.sandbox_backend == "subprocess"
     env.reset(options={"task_index": 0})
     obs, *_, info = env.step("```python\nprint(1 / 0)\n```\n```output")
     assert obs[0]["content"].startswith("\n") and "ZeroDivisionError" in obs[0]["content"]

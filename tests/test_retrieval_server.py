@@ -1,8 +1,13 @@
-"""The Search-R1-protocol retrieval server on loopback, driven by RemoteRetriever and raw httpx."""
+"""The Search-R1-protocol retrieval server on loopback, driven by RemoteRetriever and raw httpx; its
+limits (413 for large bodies, 422 without echoes) and the ``agentgym retriever serve`` command."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -18,6 +23,9 @@ from agentgym.envs.retrieval import (
     Hit,
     RemoteRetriever,
     Retriever,
+    ServerBindError,
+    bind_socket,
+    build_index,
     create_app,
     synthetic_corpus,
 )
@@ -262,3 +270,113 @@ def test_bm25_server_and_stop_releases_the_port(data):
 def test_create_app_validates_its_limits(dense):
     with pytest.raises(ValueError, match="default_topk"):
         create_app(dense, max_topk=2, default_topk=3)
+    with pytest.raises(ValueError, match="max_request_bytes"):
+        create_app(dense, max_request_bytes=0)
+
+
+# --------------------------------------------------------------------------- limits
+def test_request_bodies_over_the_limit_get_413_and_the_server_keeps_serving(data):
+    docs, questions = data
+    bm25 = BM25Retriever().build(docs)
+    q = questions[0].question
+    with BackgroundServer(create_app(bm25, max_request_bytes=4096)) as srv, \
+            httpx.Client(base_url=srv.url, timeout=30) as http:
+        assert http.get("/health").json()["max_request_bytes"] == 4096
+        t0 = time.perf_counter()
+        r = http.post("/retrieve", json={"queries": ["x" * 10_000_000]})  # 10 MB, declared length
+        assert r.status_code == 413 and time.perf_counter() - t0 < 5
+        detail = r.json()["detail"]
+        assert "too large" in detail and "10000016 bytes" in detail and "4096" in detail and len(r.text) < 400
+
+        def chunks():  # no Content-Length: counted while it arrives
+            yield b'{"queries": ["'
+            for _ in range(50):
+                yield b"y" * 1000
+            yield b'"]}'
+
+        r = http.post("/retrieve", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "over the server's limit of 4096 bytes" in r.json()["detail"]
+
+        def small():
+            yield b'{"queries": '
+            yield json.dumps([q]).encode() + b"}"
+
+        r = http.post("/retrieve", content=small(), headers={"content-type": "application/json"})
+        assert r.status_code == 200 and ids(
+            [[Hit.from_dict(h) for h in r.json()["result"][0]]]) == ids(bm25.search([q], 3))
+        assert http.post("/retrieve", json={"queries": [q] * 100}).status_code == 200  # ~4 KB: under
+
+
+def test_the_default_limit_is_one_mebibyte(server):
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.get("/health").json()["max_request_bytes"] == 1 << 20
+        assert http.post("/retrieve", json={"queries": ["q" * (1 << 20)]}).status_code == 413
+        assert http.post("/retrieve", json={"queries": ["q" * 1000]}).status_code == 200
+
+
+def test_422_replies_do_not_echo_the_input(server):
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        r = http.post("/retrieve", json={"queries": ["x" * 55_000, 7]})  # 55 KB, one bad item
+        assert r.status_code == 422 and len(r.text) < 500 and "xxxxxxxxxx" not in r.text
+        assert r.json()["detail"] == [{"loc": ["body", "queries", 1], "msg": "Input should be a valid string",
+                                       "type": "string_type"}]
+        r = http.post("/retrieve", json={"queries": list(range(MAX_QUERIES))})  # one error per item
+        detail = r.json()["detail"]
+        assert r.status_code == 422 and len(detail) == 11 and all("input" not in e for e in detail)
+        assert detail[-1]["msg"] == f"... and {MAX_QUERIES - 10} more errors"
+        r = http.post("/retrieve", content=b'{"queries": ["a", ' + b"z" * 20_000,
+                      headers={"content-type": "application/json"})
+        assert r.status_code == 422 and len(r.text) < 500 and "JSON decode error" in r.text
+
+
+# --------------------------------------------------------------------------- the serve command
+def test_bind_socket_reports_a_port_in_use():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(ServerBindError, match=rf"cannot serve on 127\.0\.0\.1:{port}: the port is in use"):
+            bind_socket("127.0.0.1", port)
+    with bind_socket("127.0.0.1", 0) as free:
+        assert free.getsockname()[1] > 0
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agentgym.cli", *args]
+
+
+def test_serve_command_port_in_use_is_one_clear_error():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        res = subprocess.run(_cli("retriever", "serve", "bundled", "--port", str(port)),
+                             capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and res.stdout == ""  # no "serving on ..." line first
+    assert res.stderr.strip().splitlines() == [
+        f"error: cannot serve on 127.0.0.1:{port}: the port is in use; stop the other server or choose "
+        f"another port (--port)"]
+
+
+def test_serve_command_serves_with_its_request_limit(tmp_path, data):
+    docs, questions = data
+    build_index(docs, tmp_path / "bm25", kind="bm25")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(_cli("retriever", "serve", str(tmp_path / "bm25"), "--port", "0",
+                                 "--max-request-bytes", "2048"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(120, proc.kill)  # a hung start ends the test instead of blocking it
+    watchdog.start()
+    try:
+        line = proc.stdout.readline()  # the first line, printed once the port is bound
+        watchdog.cancel()
+        assert line.startswith(f"serving {tmp_path / 'bm25'} on http://127.0.0.1:"), (line, proc.stderr.read())
+        url = line.split(" on ", 1)[1].split()[0]
+        with RemoteRetriever(url, timeout_s=30, max_retries=5, backoff_s=0.2) as client:
+            q = questions[0].question
+            assert ids(client.search([q], 2)) == ids(BM25Retriever().build(docs).search([q], 2))
+            assert client.health()["max_request_bytes"] == 2048
+        assert httpx.post(url, json={"queries": ["q" * 4096]}, timeout=30).status_code == 413
+    finally:
+        watchdog.cancel()
+        proc.kill()  # nothing to shut down gracefully: the index is on disk
+        proc.wait(timeout=30)
+    res = subprocess.run(_cli("retriever", "serve", "bundled", "--max-request-bytes", "0"),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--max-request-bytes must be >= 1" in res.stderr and "Traceback" not in res.stderr

@@ -18,7 +18,9 @@ from agentgym.envs.retrieval import (
     DenseRetriever,
     Hit,
     Retriever,
+    RemoteRetriever,
     build_index,
+    get_retriever,
     load_retriever,
     synthetic_corpus,
 )
@@ -347,3 +349,35 @@ def test_load_retriever_errors(tmp_path: Path):
     (tmp_path / "meta.json").write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(ValueError, match="format"):
         load_retriever(tmp_path)
+
+
+# -- get_retriever: what envs ask for ---------------------------------------------------------
+
+def test_get_retriever_resolves_and_shares_one_instance_per_key(bm25, data, tmp_path: Path):
+    docs, questions = data
+    assert get_retriever(bm25, None, "anything") is bm25  # an object with search() is used as it is
+    key = ("test_get_retriever", len(docs))
+    first = get_retriever("bm25", docs, key)
+    assert isinstance(first, BM25Retriever) and first.num_docs == N_DOCS
+    assert get_retriever("bm25", docs, key) is first  # built once per process for the same key
+    assert get_retriever("bm25", docs[:10], ("other", 10)).num_docs == 10
+    build_index(docs[:30], tmp_path / "idx", kind="bm25")
+    from_dir = get_retriever(str(tmp_path / "idx"), None, "idx")
+    assert isinstance(from_dir, BM25Retriever) and from_dir.num_docs == 30
+    assert isinstance(get_retriever("http://127.0.0.1:9/retrieve", None, "url"), RemoteRetriever)
+    with pytest.raises(ValueError, match="needs a corpus"):
+        get_retriever("dense", None, ("no corpus",))
+    with pytest.raises(ValueError, match="retriever must be"):
+        get_retriever(42, docs, ("bad",))
+    with pytest.raises(FileNotFoundError):
+        get_retriever(str(tmp_path / "missing"), None, "missing")
+
+
+def test_build_index_shows_progress_while_reading_a_corpus_file(data, tmp_path: Path, capfd):
+    docs, _ = data
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    build_index(path, tmp_path / "idx", kind="bm25", show_progress=True)
+    assert f"reading corpus: {N_DOCS}doc" in capfd.readouterr().err
+    build_index(path, tmp_path / "idx2", kind="bm25", show_progress=False)
+    assert "reading corpus" not in capfd.readouterr().err

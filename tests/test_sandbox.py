@@ -1,5 +1,5 @@
-"""Code-execution sandboxes (envs/sandbox/): the shared contract on every backend, then an
-evil-program suite run against every backend.
+"""Code-execution sandboxes (envs/sandbox/): the shared contract on every backend, an
+evil-program suite run against every backend, and fail-closed backend selection.
 
 Real components only: a real Docker daemon and image (CI runs ``scripts/setup_docker.sh``
 first; without them the docker tests FAIL with the reason, they never skip), real bubblewrap,
@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.envs.sandbox import (ExecResult, Sandbox, SandboxError, available_backends,
-                                   best_sandbox, make_sandbox)
+from agentgym.envs.sandbox import (ALLOW_UNSAFE_ENV_VAR, ExecResult, Sandbox, SandboxError,
+                                   SandboxRefusedError, available_backends, best_sandbox,
+                                   make_sandbox, resolve_sandbox, select_backend)
 
 BACKENDS = ["docker", "bwrap", "subprocess"]
 SECRET = "agentgym-secret-" + uuid.uuid4().hex
@@ -44,6 +45,8 @@ def _open(backend: str, **options) -> Sandbox:
                         f"(installs docker.io, starts dockerd, builds the image); CI does.",
                         pytrace=False)
         options.setdefault("pool_size", 2)
+    if backend == "subprocess":  # explicitly opted in: this file records what it does not contain
+        options.setdefault("allow_unsafe", True)
     return make_sandbox(backend, max_output_bytes=CAP, **options)
 
 
@@ -162,7 +165,7 @@ def test_caller_mistakes_raise_value_error(sandbox):
 
 
 def test_closed_sandbox_raises():
-    sb = make_sandbox("subprocess")
+    sb = make_sandbox("subprocess", allow_unsafe=True)
     with sb:
         run_ok(sb, "pass")
     with pytest.raises(SandboxError, match="closed"):
@@ -416,7 +419,7 @@ HARNESS = r"""
 import json, sys
 from agentgym.envs.sandbox import make_sandbox
 backend, code, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-with make_sandbox(backend) as sb:
+with make_sandbox(backend, allow_unsafe=True) as sb:  # opted in: for "subprocess" the test asks for it
     r = sb.run(code, argv=args, time_limit_s=10)
     after = sb.run("print(6 * 7)")
 print(json.dumps({"result": r.__dict__, "after": after.stdout}))
@@ -630,14 +633,26 @@ def test_available_backends_all_ok_here():
 
 def test_best_sandbox_follows_preference(caplog, monkeypatch):
     caplog.set_level(logging.INFO, logger="agentgym.sandbox")
+    monkeypatch.delenv(ALLOW_UNSAFE_ENV_VAR, raising=False)
     with best_sandbox(["bwrap", "subprocess"]) as sb:
         assert sb.name == "bwrap"
-    monkeypatch.setenv("AGENTGYM_SANDBOX", "subprocess")
+    monkeypatch.setenv("AGENTGYM_SANDBOX", "bwrap,docker")
+    with best_sandbox() as sb:
+        assert sb.name == "bwrap" and select_backend() == "bwrap"
+    monkeypatch.setenv("AGENTGYM_SANDBOX", "subprocess")  # a preference is not an opt-in
+    with pytest.raises(SandboxRefusedError, match="allow_unsafe=True"):
+        best_sandbox()
+    with pytest.raises(SandboxRefusedError, match="allow_unsafe=True"):
+        make_sandbox("subprocess")
+    monkeypatch.setenv(ALLOW_UNSAFE_ENV_VAR, "1")
     with best_sandbox() as sb:
         assert sb.name == "subprocess"
     assert "NOT a security boundary" in caplog.text
     with pytest.raises(ValueError):
         best_sandbox(["chroot"])
+    monkeypatch.setenv("AGENTGYM_SANDBOX", "chroot")
+    with pytest.raises(ValueError, match="AGENTGYM_SANDBOX"):
+        best_sandbox()
 
 
 def test_best_sandbox_never_falls_back_past_the_list():
@@ -654,3 +669,164 @@ def test_bwrap_sandbox_view():
     ids, root, _ = r.stdout.splitlines()
     assert ids.split()[0] == "65534" and int(ids.split()[1]) < 10
     assert "root" not in root and "home" not in root
+
+
+# ============================================================== failing closed
+#: Where the availability checks look, pointed at nothing: Docker's own DOCKER_HOST and the
+#: documented AGENTGYM_BWRAP. That is a machine without docker and bwrap, honestly: the real
+#: probes run and fail; only subprocess still works.
+NO_ISOLATION = {"DOCKER_HOST": "unix:///nonexistent/docker.sock", "AGENTGYM_BWRAP": "/nonexistent/bwrap"}
+
+
+@pytest.fixture
+def no_isolation(monkeypatch):
+    for k, v in NO_ISOLATION.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AGENTGYM_SANDBOX", raising=False)
+    monkeypatch.delenv(ALLOW_UNSAFE_ENV_VAR, raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
+def escape_path():
+    """A host path any uid could write (the subprocess backend runs programs as nobody)."""
+    import shutil
+    import tempfile
+    root = tempfile.mkdtemp(prefix="agentgym-escape-", dir="/tmp")
+    os.chmod(root, 0o777)
+    yield Path(root) / "escaped.txt"
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _assert_refusal_message(text: str) -> None:
+    assert "no isolating sandbox works here" in text
+    assert "docker: Docker daemon not reachable" in text                   # what is missing, and why
+    assert "bwrap: bwrap not found at '/nonexistent/bwrap'" in text
+    assert "bash scripts/setup_docker.sh" in text and "apt-get install bubblewrap" in text  # the fix
+    assert 'sandbox="subprocess"' in text and "allow_unsafe=True" in text  # the explicit opt-in
+    assert f"{ALLOW_UNSAFE_ENV_VAR}=1" in text
+
+
+def test_no_isolating_backend_refuses_with_one_clear_message(no_isolation):
+    from agentgym.envs.codeexec import CodeExecEnv
+    from agentgym.envs.mathrl.env import MathEnv
+    found = available_backends()
+    assert "not reachable" in found["docker"] and "not found" in found["bwrap"]
+    assert found["subprocess"] == "ok"  # it would work: it is refused, not missing
+    for make in (CodeExecEnv, lambda: MathEnv(tools=True), best_sandbox, resolve_sandbox, select_backend):
+        with pytest.raises(SandboxRefusedError) as err:
+            make()
+        _assert_refusal_message(str(err.value))
+        assert set(err.value.reasons) == {"docker", "bwrap"}
+    assert MathEnv().sandbox_backend is None  # no tools, no code: nothing to refuse
+    # The opt-in alone does not make "auto" fall back: the unsafe backend must also be named.
+    no_isolation.setenv(ALLOW_UNSAFE_ENV_VAR, "1")
+    with pytest.raises(SandboxRefusedError):
+        CodeExecEnv()
+
+
+def test_the_bwrap_binary_comes_from_agentgym_bwrap(monkeypatch):
+    import shutil
+    monkeypatch.setenv("AGENTGYM_BWRAP", shutil.which("bwrap"))
+    assert available_backends()["bwrap"] == "ok"
+    monkeypatch.setenv("AGENTGYM_BWRAP", "/nonexistent/bwrap")
+    assert available_backends()["bwrap"].startswith("bwrap not found at '/nonexistent/bwrap'")
+    with pytest.raises(SandboxRefusedError, match="bwrap: bwrap not found"):
+        select_backend(["bwrap"])
+
+
+def test_naming_subprocess_without_the_opt_in_is_refused(no_isolation):
+    from agentgym.envs.codeexec import CodeExecEnv
+    no_isolation.setenv("AGENTGYM_SANDBOX", "subprocess")
+    for make in (lambda: CodeExecEnv(sandbox="subprocess"), CodeExecEnv,
+                 lambda: make_sandbox("subprocess"), lambda: resolve_sandbox("subprocess")):
+        with pytest.raises(SandboxRefusedError) as err:
+            make()
+        text = str(err.value)
+        assert text.startswith('refusing the "subprocess" sandbox') and "allow_unsafe=True" in text
+        assert "docker: Docker daemon not reachable" in text and "apt-get install bubblewrap" in text
+    with pytest.raises(TypeError, match="allow_unsafe must be True or False"):  # "False" is not an opt-in
+        CodeExecEnv(sandbox="subprocess", allow_unsafe="False")
+
+
+def test_explicit_opt_in_runs_code_on_the_host(no_isolation, escape_path):
+    """The opt-in works both ways, and the probe used below really escapes an unsafe backend."""
+    from agentgym.envs.codeexec import CodeExecEnv
+    env = CodeExecEnv(sandbox="subprocess", allow_unsafe=True)
+    assert env.sandbox_backend == "subprocess"
+    _step_probe(env, escape_path)
+    assert escape_path.read_text() == "escaped"
+    escape_path.unlink()
+    no_isolation.setenv(ALLOW_UNSAFE_ENV_VAR, "1")
+    no_isolation.setenv("AGENTGYM_SANDBOX", "subprocess")  # named through the preference, opted in
+    assert CodeExecEnv().sandbox_backend == CodeExecEnv(sandbox="subprocess").sandbox_backend == "subprocess"
+
+
+def _probe_code(path: Path) -> str:
+    """Writes ``path``; creates its folder first, so it succeeds inside a sandbox's own /tmp too."""
+    return (f"```python\nimport os\nos.makedirs({str(path.parent)!r}, exist_ok=True)\n"
+            f"open({str(path)!r}, 'w').write('escaped')\nprint('written')\n```")
+
+
+def _step_probe(env, path: Path) -> dict:
+    problem = {"task_id": "probe", "statement": "Write anything.", "solution": "pass",
+               "tests": [{"kind": "assert", "code": "assert True"}]}
+    env.reset(options={"task": problem})
+    return env.step(_probe_code(path))[-1]
+
+
+def test_a_probe_writing_outside_the_sandbox_does_not_happen_by_default(escape_path, monkeypatch):
+    from agentgym.envs.codeexec import CodeExecEnv
+    from agentgym.envs.mathrl.env import MathEnv
+    monkeypatch.delenv("AGENTGYM_SANDBOX", raising=False)
+    env = CodeExecEnv()  # the default: docker, else bwrap
+    info = _step_probe(env, escape_path)
+    assert info["exec"]["backend"] == env.sandbox_backend in ("docker", "bwrap")
+    assert info["tests_passed"] == 1  # the probe ran and wrote its file (inside the sandbox) ...
+    assert not escape_path.exists()   # ... and the host file system did not change
+    math = MathEnv(tools=True)
+    math.reset(options={"task_index": 0})
+    obs, *_, info = math.step(_probe_code(escape_path))
+    assert info["backend"] in ("docker", "bwrap") and info["exit_code"] == 0 and "written" in obs[0]["content"]
+    assert not escape_path.exists()
+    for k, v in NO_ISOLATION.items():  # no isolating backend: refused before anything runs
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv(ALLOW_UNSAFE_ENV_VAR, raising=False)
+    with pytest.raises(SandboxRefusedError):
+        _step_probe(CodeExecEnv(), escape_path)
+    assert not escape_path.exists()
+
+
+def _status(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("AGENTGYM_SANDBOX", ALLOW_UNSAFE_ENV_VAR)}
+    return subprocess.run([sys.executable, "-m", "agentgym.envs.sandbox", "status", *args],
+                          env={**clean, **(env or {})}, capture_output=True, text=True, timeout=120)
+
+
+@docker
+def test_status_command_names_the_default_backend():
+    res = _status()
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("default: docker (a security boundary)")
+    assert any(line.split()[:3] == ["subprocess", "NO", "ok"] for line in lines)
+    report = json.loads(_status("--json").stdout)
+    assert report["default"] == "docker" and report["security_boundary"] is True
+    assert report["backends"]["subprocess"] == {"available": True, "security_boundary": False, "reason": "ok"}
+
+
+def test_status_command_without_isolating_backends():
+    res = _status(env=NO_ISOLATION)
+    assert res.returncode == 1 and not res.stderr  # one message, no traceback
+    assert res.stdout.startswith("default: none -- no isolating sandbox works here")
+    rows = {line.split()[0]: line.split(None, 2)[1:] for line in res.stdout.splitlines()[3:6]}
+    assert rows["docker"][0] == "yes" and "unavailable: Docker daemon not reachable" in rows["docker"][1]
+    assert rows["bwrap"][0] == "yes" and "unavailable: bwrap not found at '/nonexistent/bwrap'" in rows["bwrap"][1]
+    assert rows["subprocess"][0] == "NO" and rows["subprocess"][1].startswith("ok")
+    assert "bash scripts/setup_docker.sh" in res.stdout and "apt-get install bubblewrap" in res.stdout
+    assert 'sandbox="subprocess"' in res.stdout and f"{ALLOW_UNSAFE_ENV_VAR}=1" in res.stdout
+    report = json.loads(_status("--json", env=NO_ISOLATION).stdout)
+    assert report["default"] is None and report["security_boundary"] is False
+    assert not report["backends"]["docker"]["available"] and not report["backends"]["bwrap"]["available"]
+    res = _status(env={**NO_ISOLATION, "AGENTGYM_SANDBOX": "subprocess", ALLOW_UNSAFE_ENV_VAR: "1"})
+    assert res.returncode == 0 and res.stdout.startswith("default: subprocess (NOT a security boundary")

@@ -2,7 +2,7 @@
 quality on the bundled world, episodes end to end (in-process and over a real HTTP retrieval server)
 and observation masking.
 
-Rule citations ("Search-R1: ...") refer to ``shared/reference/search_r1.md`` (Search-R1 repository,
+Rule citations ("Search-R1: ...") refer to ``docs/search_r1_protocol.md`` (Search-R1 repository,
 PeterGriffinJin/Search-R1, 2025-10-29 snapshot; arXiv 2503.09516 and the follow-up arXiv 2505.15117).
 
 Real components throughout: the bundled world, MiniLM + faiss (one index per process, shared through
@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentgym.checking import check_invalid_step, run_check_env
-from agentgym.envs.retrieval import BackgroundServer, Hit, create_app
+from agentgym.envs.retrieval import BackgroundServer, Hit, create_app, get_retriever
 from agentgym.envs.searchqa.data import bundled_dataset
 from agentgym.envs.searchqa.env import (
     DEFAULT_WEIGHTS, SEARCH_R1_INVALID, SEARCH_R1_PROMPT, MaskRetrievedTokens, SearchQAEnv, SearchR1FormatReward,
-    format_passages, get_retriever, make_search_r1_prompt, search_r1_format_valid,
+    format_passages, make_search_r1_prompt, search_r1_format_valid,
 )
 from agentgym.policies.models import load_tokenizer
 from agentgym.policies.scripted import ScriptedPolicy
@@ -37,7 +37,7 @@ from agentgym.trajectory import check_trajectory
 ENV_ID = "agentgym/SearchQA-v0"
 BUNDLED_KEY = ("bundled", 0, "small")  # the env's cache key for its default data (world_seed 0, "small")
 
-# Search-R1 `make_prefix`, template "base": the exact text of shared/reference/search_r1.md, typo
+# Search-R1 `make_prefix`, template "base": the exact text of docs/search_r1_protocol.md, typo
 # "as your want" included, written out here independently of the env's constant.
 REFERENCE_PREFIX = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import ast
 import json
-import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -31,10 +30,11 @@ from agentgym import AgentEnv, Reward, Transition
 from agentgym.parsing import extract_code_blocks
 from agentgym.rewards import CallCost, InvalidActionPenalty, StepEvent
 from agentgym.envs.codeexec.harness import REPORT_MARK
-from agentgym.envs.codeexec.problems import bundled_problems, load_problems, validate_problem
+from agentgym.envs.codeexec.problems import SPLITS, bundled_problems, load_problems, select_split, validate_problem
+from agentgym.envs.sandbox.selection import SANDBOX_SPECS, resolve_sandbox, sandbox_backend_name
 
-__all__ = ["CodeExecEnv", "TestsPassed", "SYSTEM_PROMPT", "resolve_sandbox", "run_tests", "run_tests_batch",
-           "format_report", "PYTHON_LANGS"]
+__all__ = ["CodeExecEnv", "TestsPassed", "SYSTEM_PROMPT", "run_tests", "run_tests_batch", "format_report",
+           "PYTHON_LANGS"]
 
 SYSTEM_PROMPT = (
     "You are an expert Python programmer. Solve the task with a complete Python program inside one "
@@ -52,31 +52,6 @@ def _harness_source() -> str:
     if _HARNESS_SOURCE is None:
         _HARNESS_SOURCE = Path(__file__).with_name("harness.py").read_text(encoding="utf-8")
     return _HARNESS_SOURCE
-
-
-# --------------------------------------------------------------------------- sandbox
-_SANDBOX_NAMES = ("auto", "docker", "bwrap", "subprocess")
-_SANDBOXES: dict[str, Any] = {}
-_SANDBOX_LOCK = threading.Lock()
-
-
-def resolve_sandbox(spec: Any = "auto") -> Any:
-    """A sandbox from ``"auto"`` (the best available), a backend name, or a ``Sandbox`` instance.
-
-    Named sandboxes are created once per process and shared by all envs (each ``run`` is
-    independent), so a rollout pool of many envs does not start many backends.
-    """
-    if not isinstance(spec, str):
-        if not callable(getattr(spec, "run", None)):
-            raise TypeError(f"sandbox must be a name {_SANDBOX_NAMES} or an object with run(code, ...), got {spec!r}")
-        return spec
-    if spec not in _SANDBOX_NAMES:
-        raise ValueError(f"unknown sandbox {spec!r}; use one of {_SANDBOX_NAMES} or a Sandbox instance")
-    with _SANDBOX_LOCK:
-        if spec not in _SANDBOXES:
-            from agentgym.envs.sandbox import best_sandbox  # lazy: importing this module must not need it
-            _SANDBOXES[spec] = best_sandbox() if spec == "auto" else best_sandbox(prefer=spec)
-        return _SANDBOXES[spec]
 
 
 def run_tests(sandbox: Any, problem: Mapping[str, Any], solution: str, *, test_time_limit_s: float = 4.0,
@@ -270,8 +245,12 @@ class CodeExecEnv(AgentEnv):
         max_attempts: code submissions per episode.
         reward_mode: ``pass_rate`` or ``all_pass`` (the ``tests`` term).
         attempt_cost: weight of the per-repair cost; format_penalty: weight of the no-code penalty.
-        sandbox: ``"auto"`` (best available: docker > bwrap > subprocess), a backend name, or a
-            ``Sandbox`` instance.
+        split: ``"train"`` or ``"test"``: three quarters / one quarter of the bundled problems, by a hash of
+            each ``task_id`` (``None``: all). Problems you pass (``data_path``/``problems``) are used whole:
+            pass the file of the split you want.
+        sandbox: ``"auto"`` (docker, else bwrap; refused with :class:`SandboxRefusedError` at construction
+            when neither works), a backend name, or a ``Sandbox`` instance. ``"subprocess"`` is no
+            security boundary and needs ``allow_unsafe=True`` (or ``AGENTGYM_ALLOW_UNSAFE_SANDBOX=1``).
         test_time_limit_s / time_limit_s / memory_mb: per-test wall time, per-attempt wall time, memory.
         visible_tests: how many leading tests the prompt shows (default: each problem's ``visible``).
         reveal_hidden_tests: show hidden tests' code and values in failure reports.
@@ -280,19 +259,22 @@ class CodeExecEnv(AgentEnv):
 
     tool_action_types = ()  # attempts are reported as such, not as tool calls
 
-    def __init__(self, *, data_path: str | Path | None = None, data_format: str = "auto",
+    def __init__(self, *, split: str | None = "train", data_path: str | Path | None = None, data_format: str = "auto",
                  problems: Sequence[Mapping[str, Any]] | None = None, max_attempts: int = 3,
                  reward_mode: str = "pass_rate", attempt_cost: float = 0.05, format_penalty: float = 0.1,
-                 sandbox: Any = "auto", test_time_limit_s: float = 4.0, time_limit_s: float = 20.0,
-                 memory_mb: int = 256, visible_tests: int | None = None, reveal_hidden_tests: bool = False,
+                 sandbox: Any = "auto", allow_unsafe: bool = False, test_time_limit_s: float = 4.0,
+                 time_limit_s: float = 20.0, memory_mb: int = 256, visible_tests: int | None = None,
+                 reveal_hidden_tests: bool = False,
                  max_turns: int | None = None, max_action_chars: int = 16_384,
                  reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         if reward_mode not in REWARD_MODES:
             raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
-        if isinstance(sandbox, str) and sandbox not in _SANDBOX_NAMES:
-            raise ValueError(f"unknown sandbox {sandbox!r}; use one of {_SANDBOX_NAMES} or a Sandbox instance")
+        if split is not None and split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)} or None, got {split!r}")
+        if isinstance(sandbox, str) and sandbox not in SANDBOX_SPECS:
+            raise ValueError(f"unknown sandbox {sandbox!r}; use one of {SANDBOX_SPECS} or a Sandbox instance")
         if visible_tests is not None and visible_tests < 0:
             raise ValueError("visible_tests must be >= 0")
         if problems is not None and data_path is not None:
@@ -302,14 +284,18 @@ class CodeExecEnv(AgentEnv):
         elif data_path is not None:
             self.problems = load_problems(data_path, data_format)
         else:
-            self.problems = bundled_problems()
+            self.problems = select_split(bundled_problems(), split)
         if not self.problems:
             raise ValueError("no problems")
+        self.split = split
         self.num_tasks = len(self.problems)
         self.max_attempts = int(max_attempts)
         self.reward_mode, self.attempt_cost, self.format_penalty = reward_mode, attempt_cost, format_penalty
-        self.sandbox_spec = sandbox
+        self.sandbox_spec, self.allow_unsafe = sandbox, allow_unsafe
         self._sandbox: Any = None
+        # Fail closed before any code runs (and before a caller loads a model): no isolating backend
+        # and no explicit unsafe opt-in -> SandboxRefusedError here, saying why and how to fix it.
+        self._sandbox_backend = sandbox_backend_name(sandbox, allow_unsafe=self.allow_unsafe)
         self.test_time_limit_s, self.time_limit_s, self.memory_mb = test_time_limit_s, time_limit_s, memory_mb
         self.visible_tests, self.reveal_hidden_tests = visible_tests, reveal_hidden_tests
         self._attempts = 0
@@ -319,10 +305,15 @@ class CodeExecEnv(AgentEnv):
 
     @property
     def sandbox(self) -> Any:
-        """The sandbox, created on first use (constructing the env starts nothing)."""
+        """The sandbox, started on first use and shared with other envs (the constructor only chose it)."""
         if self._sandbox is None:
-            self._sandbox = resolve_sandbox(self.sandbox_spec)
+            self._sandbox = resolve_sandbox(self.sandbox_spec, allow_unsafe=self.allow_unsafe)
         return self._sandbox
+
+    @property
+    def sandbox_backend(self) -> str:
+        """The backend the tests run in (``docker``, ``bwrap`` or, opted in, ``subprocess``)."""
+        return self._sandbox.name if self._sandbox is not None else self._sandbox_backend
 
     def default_reward(self) -> Reward:
         return Reward([TestsPassed(self.reward_mode),

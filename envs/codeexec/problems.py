@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import ast
 import gzip
+import hashlib
 import json
 import textwrap
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 __all__ = ["ProblemFormatError", "bundled_problems", "load_problems", "load_humaneval_jsonl", "load_mbpp_jsonl",
-           "load_agentgym_jsonl", "detect_format", "validate_problem", "BUNDLED_PATH"]
+           "load_agentgym_jsonl", "detect_format", "validate_problem", "BUNDLED_PATH", "SPLITS", "split_of",
+           "select_split"]
 
 BUNDLED_PATH = Path(__file__).with_name("problems.jsonl")
+SPLITS = ("train", "test")
+_TEST_SHARE = 4  # one problem in four (by a hash of its task_id) is held out for evaluation
 FORMATS = ("agentgym", "humaneval", "mbpp")
 _KEYS = {
     "humaneval": ("task_id", "prompt", "canonical_solution", "test", "entry_point"),
@@ -260,3 +264,19 @@ def bundled_problems() -> list[dict[str, Any]]:
     if _BUNDLED is None:
         _BUNDLED = load_agentgym_jsonl(BUNDLED_PATH)
     return [dict(p, tests=[dict(t) for t in p["tests"]]) for p in _BUNDLED]
+
+
+def split_of(task_id: str) -> str:
+    """``"train"`` or ``"test"`` for a problem, from a hash of its ``task_id``: stable across machines
+    and Python versions, and adding a problem never moves another one to the other split."""
+    h = int.from_bytes(hashlib.sha256(task_id.encode("utf-8")).digest()[:8], "big")
+    return "test" if h % _TEST_SHARE == 0 else "train"
+
+
+def select_split(problems: list[dict[str, Any]], split: str | None) -> list[dict[str, Any]]:
+    """The problems of ``split`` (``None``: all of them), in their original order."""
+    if split is None:
+        return problems
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)} or None, got {split!r}")
+    return [p for p in problems if split_of(p["task_id"]) == split]

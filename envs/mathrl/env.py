@@ -39,6 +39,7 @@ from agentgym.parsing import extract_code_blocks
 from agentgym.rewards import CallCost, InvalidActionPenalty, LengthPenalty, StepEvent
 from agentgym.envs.mathrl.answers import _last_box, answers_equal, extract_answer, latex_fraction, parse_number
 from agentgym.envs.mathrl.problems import KINDS, SPLITS, make_problem
+from agentgym.envs.sandbox.selection import SANDBOX_SPECS, resolve_sandbox, sandbox_backend_name
 
 __all__ = ["MathEnv", "SYSTEM_PROMPT", "TOOLS_PROMPT", "AnswerGuessing", "RepeatedFiller", "think_format_ok",
            "count_reasoning_steps", "repetition_score", "correct", "think_format"]
@@ -164,7 +165,10 @@ class MathEnv(AgentEnv):
             ``arithmetic``): the default ``agentgym train`` job uses it so that SmolLM2-135M solves
             some tasks and a group's rewards differ — with all-equal rewards GRPO has no gradient.
         tools: allow ```python blocks run in the sandbox (tool-integrated reasoning).
-        sandbox: ``"auto"``, a backend name or a ``Sandbox`` (tools mode only; created on first use).
+        sandbox: ``"auto"`` (docker, else bwrap), a backend name or a ``Sandbox`` (tools mode only; chosen at
+            construction, refused there with :class:`SandboxRefusedError` when nothing isolating works,
+            started on first use). ``"subprocess"`` is no security boundary: it needs ``allow_unsafe=True``
+            (or ``AGENTGYM_ALLOW_UNSAFE_SANDBOX=1``).
         max_tool_calls, tool_time_limit_s, memory_mb, max_output_chars: limits of the code runs.
         guess_step_ratio, repetition_tolerance, length_budget: the hacking detectors' thresholds.
         observation_style: ``chat`` or ``continuation`` (how a rollout appends code output).
@@ -175,7 +179,8 @@ class MathEnv(AgentEnv):
     num_tasks = None  # procedural: every non-negative index is a task
 
     def __init__(self, *, split: str = "train", kinds: Sequence[str] = KINDS, difficulty: int | Sequence[int] = (1, 3),
-                 tools: bool = False, sandbox: Any = "auto", max_tool_calls: int = 3, tool_time_limit_s: float = 5.0,
+                 tools: bool = False, sandbox: Any = "auto", allow_unsafe: bool = False, max_tool_calls: int = 3,
+                 tool_time_limit_s: float = 5.0,
                  memory_mb: int = 256, max_output_chars: int = 2000, guess_step_ratio: float = 0.5,
                  repetition_tolerance: float = 0.3, length_budget: int = 4000, observation_style: str = "chat",
                  max_turns: int | None = None, max_action_chars: int = 16_384,
@@ -199,8 +204,13 @@ class MathEnv(AgentEnv):
         if max_tool_calls < 0:
             raise ValueError("max_tool_calls must be >= 0")
         self.split, self.kinds, self.tools = split, kinds, bool(tools)
-        self.sandbox_spec = sandbox
+        if isinstance(sandbox, str) and sandbox not in SANDBOX_SPECS:
+            raise ValueError(f"unknown sandbox {sandbox!r}; use one of {SANDBOX_SPECS} or a Sandbox instance")
+        self.sandbox_spec, self.allow_unsafe = sandbox, allow_unsafe
         self._sandbox: Any = None
+        # Fail closed before any code runs: no isolating backend and no unsafe opt-in -> refused here.
+        self._sandbox_backend = (sandbox_backend_name(sandbox, allow_unsafe=self.allow_unsafe)
+                                 if self.tools else None)
         self.max_tool_calls, self.tool_time_limit_s = int(max_tool_calls), float(tool_time_limit_s)
         self.memory_mb, self.max_output_chars = int(memory_mb), int(max_output_chars)
         self.guess_step_ratio, self.repetition_tolerance = guess_step_ratio, repetition_tolerance
@@ -223,10 +233,17 @@ class MathEnv(AgentEnv):
 
     @property
     def sandbox(self) -> Any:
+        """The sandbox code runs in (tools mode), started on first use and shared with other envs."""
         if self._sandbox is None:
-            from agentgym.envs.codeexec.env import resolve_sandbox
-            self._sandbox = resolve_sandbox(self.sandbox_spec)
+            self._sandbox = resolve_sandbox(self.sandbox_spec, allow_unsafe=self.allow_unsafe)
         return self._sandbox
+
+    @property
+    def sandbox_backend(self) -> str | None:
+        """The backend code runs in (``docker``, ``bwrap``, opted-in ``subprocess``); None without tools."""
+        if not self.tools:
+            return None
+        return self._sandbox.name if self._sandbox is not None else self._sandbox_backend
 
     # ------------------------------------------------------------------ tasks
     def get_task(self, index: int) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """Retrievers for search environments: dense (sentence-transformers + faiss), BM25 (bm25s), and a
-client/server pair speaking Search-R1's ``/retrieve`` protocol.
+client/server pair speaking Search-R1's ``/retrieve`` protocol; :func:`get_retriever` resolves an env's
+``retriever=`` argument and shares one instance per process.
 
 Heavy modules (torch, faiss, bm25s, fastapi) load on first use of a name that needs them, so an
 env that only takes a ``Retriever`` does not pay for them at import.
@@ -10,14 +11,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .base import DEFAULT_TOPK, Corpus, Hit, Retriever, iter_jsonl
+from .base import DEFAULT_TOPK, Corpus, Hit, Retriever, format_passages, iter_jsonl
 from .build import build_index, load_retriever
+from .shared import get_retriever
 from .synthetic import SyntheticQuestion, synthetic_corpus
 
 if TYPE_CHECKING:
     from .dense import DenseRetriever, default_model_path, shared_encoder
     from .remote import RemoteRetriever
-    from .server import BackgroundServer, create_app, serve
+    from .server import DEFAULT_MAX_REQUEST_BYTES, BackgroundServer, ServerBindError, bind_socket, create_app, serve
     from .sparse import BM25Retriever
 
 _LAZY = {
@@ -29,6 +31,9 @@ _LAZY = {
     "create_app": ".server",
     "serve": ".server",
     "BackgroundServer": ".server",
+    "ServerBindError": ".server",
+    "DEFAULT_MAX_REQUEST_BYTES": ".server",
+    "bind_socket": ".server",
 }
 
 __all__ = [
@@ -37,8 +42,10 @@ __all__ = [
     "Hit",
     "Retriever",
     "iter_jsonl",
+    "format_passages",
     "build_index",
     "load_retriever",
+    "get_retriever",
     "SyntheticQuestion",
     "synthetic_corpus",
     *_LAZY,

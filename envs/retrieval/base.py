@@ -63,6 +63,13 @@ class Hit:
         return cls(doc_id=str(doc.get("id", "")), contents=doc["contents"], score=float(score))
 
 
+def format_passages(hits: Sequence[Hit]) -> str:
+    """``Doc {i}(Title: {title}) {text}\\n`` per passage, i from 1 (Search-R1 `_passages2string`): what
+    search envs show the policy. Title = the first line of ``contents`` verbatim (quotes and any
+    surrounding spaces kept), text = the remaining lines joined by "\\n"."""
+    return "".join(f"Doc {i}(Title: {h.title}) {h.text}\n" for i, h in enumerate(hits, start=1))
+
+
 class Corpus:
     """Passages held as two parallel lists (ids, contents): far smaller than one dict per passage."""
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from .base import META_FILE, Corpus, PathLike, Retriever, read_meta
+from .base import META_FILE, Corpus, PathLike, Retriever, iter_jsonl, read_meta
 
 
 def build_index(
@@ -37,7 +38,13 @@ def build_index(
     out = Path(out_dir)
     if (out / META_FILE).exists() and not overwrite:
         raise FileExistsError(f"{out} already holds an index; pass overwrite=True to replace it")
-    docs = Corpus.coerce(corpus)
+    if show_progress and isinstance(corpus, (str, os.PathLike)):  # a wiki-scale jsonl takes minutes to read
+        from tqdm.auto import tqdm
+
+        with tqdm(iter_jsonl(corpus), desc="reading corpus", unit="doc") as rows:
+            docs = Corpus.from_docs(rows)
+    else:
+        docs = Corpus.coerce(corpus)
     retriever: Any
     if kind == "dense":
         from .dense import DenseRetriever

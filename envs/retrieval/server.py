@@ -19,6 +19,12 @@ an int in ``[1, max_topk]`` (Search-R1 treats 0 as "default"; we reject it). Vio
 blank query strings are valid and get ``[]``, as in ``Retriever.search`` (Search-R1 would embed
 the empty string and return its nearest passages).
 
+Limits. A request body larger than ``max_request_bytes`` (default 1 MiB: a few thousand queries)
+gets HTTP 413 ``{"detail": ...}`` before it is read, so one huge request cannot hold the worker
+for seconds. A 422 lists at most ``_MAX_ERRORS`` errors as ``{"loc", "msg", "type"}`` without
+FastAPI's ``input`` field, so an invalid 50 KB body is not echoed back. :func:`bind_socket` reserves the
+port before anything slow happens, so "port in use" is one error, not a traceback after start-up.
+
 Concurrency. One worker thread owns the retriever: HF fast tokenizers are not safe to drive from
 many threads, any user-supplied ``Retriever`` then needs no locking of its own, and batching is
 where the speed is anyway. Requests are
@@ -30,6 +36,8 @@ The event loop never blocks on retrieval, so ``/health`` stays responsive during
 
 import asyncio
 import concurrent.futures
+import errno
+import json
 import logging
 import queue
 import socket
@@ -41,13 +49,99 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from .base import DEFAULT_TOPK, Hit, Retriever
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+_MAX_ERRORS = 10  # validation errors listed in one 422 reply
+_MAX_MSG_CHARS = 200
+
+
+class BodySizeLimit:
+    """ASGI middleware: HTTP 413 for a request body over ``max_bytes``.
+
+    A declared ``Content-Length`` over the limit is refused before the body is read; a body without
+    one (chunked) is buffered up to the limit and refused as soon as it exceeds it. Either way at most
+    ``max_bytes`` of a request are ever held in memory.
+    """
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                size = -1
+            if size > self.max_bytes:
+                await self._refuse(send, size)
+                return
+            await self.app(scope, receive, send)  # the server enforces the declared length
+            return
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # client went away
+                await self.app(scope, _replay([message]), send)
+                return
+            total += len(message.get("body", b""))
+            if total > self.max_bytes:
+                await self._refuse(send, None)
+                return
+            chunks.append(message)
+            if not message.get("more_body", False):
+                break
+        await self.app(scope, _replay(chunks, receive), send)
+
+    async def _refuse(self, send: Any, size: int | None) -> None:
+        got = f"{size} bytes > " if size is not None else "over "
+        body = json.dumps({"detail": f"request body too large ({got}the server's limit of {self.max_bytes} "
+                                     f"bytes, --max-request-bytes); send fewer or shorter queries per "
+                                     f"request"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _replay(messages: list[dict], then: Any = None) -> Any:
+    """An ASGI ``receive`` that hands out buffered messages first, then defers to ``then``."""
+    pending = list(messages)
+
+    async def receive() -> dict:
+        if pending:
+            return pending.pop(0)
+        if then is not None:
+            return await then()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+def _validation_reply(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 shape (``detail``: a list of errors) without ``input``/``ctx`` echoes of the body."""
+    errors = exc.errors()
+    detail: list[dict[str, Any]] = []
+    for e in errors[:_MAX_ERRORS]:
+        msg = str(e.get("msg", ""))
+        if e.get("type") == "json_invalid" and (e.get("ctx") or {}).get("error"):
+            msg += f": {e['ctx']['error']}"  # the parser's reason, not the input
+        detail.append({"loc": list(e.get("loc", ())), "msg": msg[:_MAX_MSG_CHARS], "type": e.get("type")})
+    if len(errors) > _MAX_ERRORS:
+        detail.append({"loc": [], "msg": f"... and {len(errors) - _MAX_ERRORS} more errors", "type": "truncated"})
+    return JSONResponse({"detail": detail}, status_code=422)
 
 
 @dataclass
@@ -140,10 +234,13 @@ def create_app(
     *,
     default_topk: int = DEFAULT_TOPK,
     max_batch_queries: int = 1024,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """FastAPI app with ``POST /retrieve`` (Search-R1 protocol) and ``GET /health``."""
     if not 1 <= default_topk <= max_topk:
         raise ValueError(f"default_topk must be in [1, max_topk={max_topk}], got {default_topk}")
+    if max_request_bytes < 1:
+        raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
 
     class RetrieveRequest(BaseModel):
         """Search-R1's ``QueryRequest``, with bounds."""
@@ -166,6 +263,8 @@ def create_app(
     app = FastAPI(title="agentgym retrieval server", lifespan=lifespan)
     app.state.worker = worker
     app.state.retriever = retriever
+    app.add_exception_handler(RequestValidationError, _validation_reply)
+    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
 
     @app.post("/retrieve")
     async def retrieve(request: RetrieveRequest) -> JSONResponse:
@@ -187,12 +286,34 @@ def create_app(
             "default_topk": default_topk,
             "max_topk": max_topk,
             "max_queries": max_queries,
+            "max_request_bytes": max_request_bytes,
             "retriever": retriever.describe(),
             "batches": worker.batches,
             "requests": worker.requests,
         }
 
     return app
+
+
+class ServerBindError(OSError):
+    """The address to serve on is in use or cannot be bound; the message says which and what to do."""
+
+
+def bind_socket(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
+    """A listening socket on ``host:port`` (``port=0``: a free one), or :class:`ServerBindError`.
+
+    Binding first, before an index is loaded or a line is printed, makes "port in use" the first and
+    only thing a user sees when it happens.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as e:
+        why = ("the port is in use; stop the other server or choose another port (--port)"
+               if e.errno == errno.EADDRINUSE else (e.strerror or str(e)))
+        err = ServerBindError(f"cannot serve on {host}:{port}: {why}")
+        err.errno = e.errno
+        raise err from None
 
 
 def serve(
@@ -203,12 +324,22 @@ def serve(
     max_topk: int = 50,
     max_queries: int = 256,
     default_topk: int = DEFAULT_TOPK,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     log_level: str = "info",
+    sock: socket.socket | None = None,
 ) -> None:
-    """Run the server in the foreground. Loopback by default: exposing an index to the network
-    (e.g. ``host="0.0.0.0"`` for multi-node training) should be a deliberate choice."""
-    app = create_app(retriever, max_topk, max_queries, default_topk=default_topk)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    """Run the server in the foreground on ``sock`` (from :func:`bind_socket`) or on ``host:port``.
+
+    Loopback by default: exposing an index to the network (e.g. ``host="0.0.0.0"`` for multi-node
+    training) should be a deliberate choice. Raises :class:`ServerBindError` when it cannot bind.
+    """
+    app = create_app(retriever, max_topk, max_queries, default_topk=default_topk,
+                     max_request_bytes=max_request_bytes)
+    sock = sock if sock is not None else bind_socket(host, port)
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level=log_level)).run(sockets=[sock])
+    finally:
+        sock.close()
 
 
 class BackgroundServer:
@@ -232,9 +363,7 @@ class BackgroundServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> str:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
         self._server, self._sock = uvicorn.Server(config), sock

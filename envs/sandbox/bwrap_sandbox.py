@@ -35,6 +35,8 @@ from ._local import (NOBODY, MiB, accessible_to_others, nproc_budget, rlimits_pr
 
 SANDBOX_UID = NOBODY
 WORK_DIR = "/work"
+#: Path of the bwrap binary to use instead of the one on PATH.
+BWRAP_ENV_VAR = "AGENTGYM_BWRAP"
 
 
 @functools.lru_cache(maxsize=4)
@@ -55,6 +57,25 @@ def _default_python() -> str:
     return sys.executable
 
 
+def find_bwrap(bwrap: str | None = None) -> str:
+    """The bwrap binary: ``bwrap`` if given, else ``$AGENTGYM_BWRAP``, else ``bwrap`` on PATH.
+
+    The environment variable lets a deployment pin one bwrap build, and lets a test point the
+    availability check at a missing binary to see what happens on a machine without bwrap.
+    """
+    chosen = bwrap or os.environ.get(BWRAP_ENV_VAR, "").strip() or None
+    if chosen is None:
+        found = shutil.which("bwrap")
+        if not found:
+            raise SandboxError("bwrap not found on PATH (apt-get install bubblewrap)")
+        return found
+    found = shutil.which(chosen)  # an absolute path is checked for being an executable file
+    if not found:
+        where = f" (from ${BWRAP_ENV_VAR})" if not bwrap else ""
+        raise SandboxError(f"bwrap not found at {chosen!r}{where} (apt-get install bubblewrap)")
+    return found
+
+
 class BwrapSandbox(Sandbox):
     """Runs each program in a fresh bubblewrap sandbox (see the module docstring)."""
 
@@ -66,10 +87,7 @@ class BwrapSandbox(Sandbox):
                  run_as: int | None | str = "auto", max_processes: int = 64,
                  work_dir_mb: int = 64, max_open_files: int = 256) -> None:
         super().__init__(max_output_bytes=max_output_bytes)
-        found = bwrap or shutil.which("bwrap")
-        if not found:
-            raise SandboxError("bwrap not found (apt-get install bubblewrap)")
-        self.bwrap = found
+        self.bwrap = find_bwrap(bwrap)
         if run_as == "auto":
             run_as = NOBODY if os.geteuid() == 0 else None
         if run_as is not None and os.geteuid() != 0:

@@ -2,7 +2,7 @@
 
 Protocol ``search_r1`` (default) reproduces Search-R1's rollout rules; every rule cites its source:
 Search-R1 repository (PeterGriffinJin/Search-R1, 2025-10-29 snapshot) and paper (arXiv 2503.09516),
-as collected in ``shared/reference/search_r1.md``. Protocol ``chat`` exposes search as a JSON tool
+as collected in ``docs/search_r1_protocol.md``. Protocol ``chat`` exposes search as a JSON tool
 call in chat turns, for instruct models with tool templates.
 
 Retrieval is in-process by default (dense MiniLM + faiss over the bundled fictional world); a
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from typing import Any, Mapping, Sequence
 
 import gymnasium as gym
@@ -22,6 +21,8 @@ import numpy as np
 from agentgym import AgentEnv, Reward, Tool, ToolSet, Transition, shaper
 from agentgym.parsing import all_tag_contents, first_tag, last_tag_content, parse_tool_calls, tag_format_errors
 from agentgym.rewards import CallCost, ExactMatch, InvalidActionPenalty, StepEvent, TokenF1, exact_match, normalize_answer
+from agentgym.envs.retrieval.base import format_passages
+from agentgym.envs.retrieval.shared import get_retriever
 
 __all__ = ["SearchQAEnv", "SEARCH_R1_PROMPT", "SEARCH_R1_INVALID", "make_search_r1_prompt", "format_passages",
            "get_retriever", "MaskRetrievedTokens", "RETRIEVAL_MODES", "NO_SEARCH_PROMPT", "RAG_PROMPT",
@@ -86,50 +87,6 @@ def _question_text(question: str) -> str:
 def make_search_r1_prompt(question: str) -> str:
     """Search-R1's prompt: the question is stripped and gets a trailing '?' if it lacks one."""
     return SEARCH_R1_PROMPT.format(question=_question_text(question))
-
-
-def format_passages(hits: Sequence[Any]) -> str:
-    """``Doc {i}(Title: {title}) {text}\\n`` per passage, i from 1 (Search-R1 `_passages2string`)."""
-    out = []
-    for i, h in enumerate(hits, start=1):
-        # Search-R1 `_passages2string`: title = the first line of `contents` verbatim (quotes and any
-        # surrounding spaces kept), text = the remaining lines joined by "\n".
-        lines = h.contents.split("\n")
-        title, text = lines[0], "\n".join(lines[1:])
-        out.append(f"Doc {i}(Title: {title}) {text}\n")
-    return "".join(out)
-
-
-# ----------------------------------------------------------------------------- retrieval
-_RETRIEVERS: dict[Any, Any] = {}
-_RETRIEVER_LOCK = threading.Lock()
-
-
-def get_retriever(spec: Any, corpus: Sequence[Mapping[str, str]] | None, corpus_key: Any) -> Any:
-    """Resolve ``retriever=`` once per process: an object with ``search`` is used as is; ``"dense"``
-    (default) / ``"bm25"`` build an in-process index over ``corpus``; ``"http://…"`` is a Search-R1
-    retrieval server; any other string is an index directory written by ``agentgym retriever build-index``."""
-    if hasattr(spec, "search"):
-        return spec
-    key = (spec, corpus_key)
-    with _RETRIEVER_LOCK:
-        if key not in _RETRIEVERS:
-            from agentgym.envs import retrieval
-            if spec in ("dense", "bm25"):
-                if corpus is None:
-                    raise ValueError(f"retriever={spec!r} needs a corpus")
-                cls = retrieval.DenseRetriever if spec == "dense" else retrieval.BM25Retriever
-                r = cls()
-                r.build(list(corpus))
-            elif isinstance(spec, str) and spec.startswith(("http://", "https://")):
-                r = retrieval.RemoteRetriever(spec)
-            elif isinstance(spec, str):
-                r = retrieval.load_retriever(spec)
-            else:
-                raise ValueError(f"retriever must be 'dense', 'bm25', a URL, an index directory or an object with "
-                                 f"search(); got {spec!r}")
-            _RETRIEVERS[key] = r
-        return _RETRIEVERS[key]
 
 
 # ----------------------------------------------------------------------------- reward terms
