@@ -183,8 +183,12 @@ def test_unknown_env_and_missing_command():
 def test_sandbox_status_and_help():
     res = run_cli("sandbox", "status")
     assert res.returncode == 0, res.stderr
+    assert "Default:" in res.stdout and "security boundary" in res.stdout
+    res = run_cli("sandbox", "status", "--json")
     status = json.loads(res.stdout)
-    assert set(status) == {"docker", "bwrap", "subprocess"} and status["subprocess"] == "ok"
+    assert set(status["backends"]) == {"docker", "bwrap", "subprocess"}
+    assert status["default"] in ("docker", "bwrap") and status["security_boundary"] is True
+    assert status["backends"]["subprocess"]["security_boundary"] is False
     res = run_cli("sandbox", "--help")
     assert res.returncode == 0 and "build-image" in res.stdout
     res = run_cli("sandbox", "build-image", "--help")
