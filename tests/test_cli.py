@@ -183,7 +183,7 @@ def test_unknown_env_and_missing_command():
 def test_sandbox_status_and_help():
     res = run_cli("sandbox", "status")
     assert res.returncode == 0, res.stderr
-    assert "Default:" in res.stdout and "security boundary" in res.stdout
+    assert "default:" in res.stdout.lower() and "security boundary" in res.stdout
     res = run_cli("sandbox", "status", "--json")
     status = json.loads(res.stdout)
     assert set(status["backends"]) == {"docker", "bwrap", "subprocess"}
