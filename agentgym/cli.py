@@ -594,7 +594,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="compare learners (or variants of one) on one env: same tasks, seeds, budget")
     p.add_argument("--env", default=None, help="env id (default: the config's; without --config, agentgym train's default)")
     p.add_argument("--algos", default="reinforce,ppo,grpo",
-                   help="comma-separated ALGO[:key=value[:key=value]] (reinforce, ppo, grpo, trl-grpo), "
+                   help="comma-separated ALGO[:key=value[:key=value]] (reinforce, ppo, grpo, rloo, gspo, cispo, "
+                        "dual-clip-ppo, trl-grpo, or one registered by an --import module), "
                         "e.g. grpo,grpo:mask_env_tokens=false")
     p.add_argument("--seeds", default="2", help="number of seeds (from the config's seed), or a list like 0,3")
     p.add_argument("--steps", default="4", help="training steps per run")
