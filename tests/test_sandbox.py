@@ -290,12 +290,15 @@ os.killpg(0, signal.SIGKILL)
 """,
     "escape_process_group": """
 import os, sys, time
+r, w = os.pipe()
 if os.fork() == 0:
     os.setsid()
     if os.fork() == 0:
+        os.write(w, b"x")  # in its own session now
         os.closerange(0, 3)  # let the run finish; the grandchild lives on
         time.sleep(3600)
     os._exit(0)
+os.read(r, 1)  # end the run only once the grandchild has left the group (no race with the kill)
 print("escaped", flush=True)
 """,
 }
