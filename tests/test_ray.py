@@ -29,6 +29,23 @@ def local_cluster():
     ray.shutdown()
 
 
+def _crash(actor) -> None:
+    """Kill the actor's process (as a crash would) and wait until it is really gone: ``ray.kill`` alone
+    is asynchronous, and a step sent right after it may still be served."""
+    import signal
+    import time
+    pid = ray.get(actor.pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"actor process {pid} still alive")
+
+
 def _key(t):
     return (t.token_ids, t.loss_mask, t.step_rewards, t.terminated, t.truncated, t.task_index, t.group_id)
 
@@ -57,7 +74,7 @@ def test_a_killed_env_actor_truncates_only_its_episode_and_is_restarted():
     envs = make_ray_envs("Arithmetic-v0", 1, {"max_turns": 3})
     victim = envs[0]
     obs, _ = victim.reset(seed=0, options={"task_index": 0})
-    ray.kill(victim.actor)
+    _crash(victim.actor)
     _, reward, terminated, truncated, info = victim.step("<answer>1</answer>")
     assert truncated and not terminated and reward == 0.0
     assert info["episode_summary"]["end_reason"].startswith("env_actor_failed")
@@ -75,7 +92,7 @@ def test_a_killed_env_actor_truncates_only_its_episode_and_is_restarted():
             if not killed.is_set():
                 killed.set()
                 pool = next(iter(engine_envs()))
-                ray.kill(pool[0].actor)
+                _crash(pool[0].actor)
             return super().generate(prompts, sampling, contexts=contexts)
 
     engine = RolloutEngine(KillOnce(tok, oracle), RolloutConfig(env_backend="ray"))
