@@ -1168,11 +1168,12 @@ class Learner:
         losses: dict[str, float] = {}
         token_stats: dict[str, float] = {}
         micros: list[Batch | None] = list(mb.micro_batches(cfg.micro_batch_size))
+        total = len(micros)
         scale = 1.0
         if self.dist is not None:  # this rank's share (round-robin); the loss is normalised globally
             micros = micros[self.dist.rank::self.dist.world_size]
             if self.fsdp:  # FSDP averages gradients and needs the same number of passes on every rank
-                rounds = -(-len(list(mb.micro_batches(cfg.micro_batch_size))) // self.dist.world_size)
+                rounds = -(-total // self.dist.world_size)
                 micros = micros + [None] * (rounds - len(micros))
                 scale = float(self.dist.world_size)
         finite = True
