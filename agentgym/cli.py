@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Sequence
 
@@ -37,15 +38,42 @@ def _load_plugins(modules: Sequence[str] | None) -> None:
         importlib.import_module(m)
 
 
+def _busy_cores_now(window_s: float = 0.3) -> float | None:
+    """Cores busy with other work right now: the non-idle share of ``/proc/stat``'s CPU time over
+    ``window_s`` (this process sleeps meanwhile) × the core count; None where there is no /proc/stat."""
+    import time
+
+    def sample() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)      # idle + iowait
+        return sum(fields[:8]), idle
+
+    a = sample()
+    if a is None:
+        return None
+    time.sleep(window_s)
+    b = sample()
+    if b is None or b[0] <= a[0]:
+        return None
+    busy_share = 1.0 - (b[1] - a[1]) / (b[0] - a[0])
+    return max(0.0, busy_share) * (os.cpu_count() or 1)
+
+
 def choose_threads(requested: int | None = None) -> tuple[int, str]:
     """Torch CPU threads for this process, and why.
 
     Measured on a 2-core machine (see benchmarks/RESULTS.md): with other work on the cores, two torch
     threads made SmolLM2 2.4–5× *slower* than one (threads spin waiting for a busy core). So the default
-    is the cores not already busy: ``cores − round(1-minute load average)``, at least 1. An explicit
-    ``--threads N`` or ``OMP_NUM_THREADS`` always wins.
+    is the cores not already busy, at least 1. "Busy" is the smaller of the 1-minute load average and the
+    cores busy right now (``/proc/stat`` over 0.3 s): the load average alone lags by a minute, so right
+    after ``scripts/setup.sh`` (the README's main command runs the two back to back) it read 0.7 on an
+    otherwise idle machine and cost the default job 364 s with one thread instead of 220 s with two
+    (benchmarks/RESULTS.md). An explicit ``--threads N`` or ``OMP_NUM_THREADS`` always wins.
     """
-    import os
     if requested is not None:
         return max(1, requested), "--threads"
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
@@ -56,7 +84,10 @@ def choose_threads(requested: int | None = None) -> tuple[int, str]:
         load = os.getloadavg()[0]
     except OSError:
         load = 0.0
-    return max(1, min(cores, cores - int(round(load)))), f"{cores} cores, load {load:.1f}"
+    now = _busy_cores_now()
+    busy = load if now is None else min(load, now)
+    why = f"{cores} cores, load {load:.1f}" + ("" if now is None else f", {now:.1f} busy now")
+    return max(1, min(cores, cores - int(round(busy)))), why
 
 
 def _set_threads(requested: int | None, verbose: bool) -> None:

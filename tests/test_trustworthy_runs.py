@@ -139,10 +139,38 @@ def test_thread_choice(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert choose_threads()[0] == 1
     monkeypatch.delenv("OMP_NUM_THREADS")
+    import agentgym.cli as cli
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(cli, "_busy_cores_now", lambda: 50.0)
     monkeypatch.setattr(os, "getloadavg", lambda: (50.0, 0.0, 0.0))
     assert choose_threads()[0] == 1            # every core busy: one thread
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert choose_threads()[0] == len(os.sched_getaffinity(0))
+    assert choose_threads()[0] == cores        # the load average says idle
+    # right after setup.sh the 1-minute average still counts it; the cores idle *now* decide
+    monkeypatch.setattr(os, "getloadavg", lambda: (float(cores), 0.0, 0.0))
+    monkeypatch.setattr(cli, "_busy_cores_now", lambda: 0.1)
+    assert choose_threads()[0] == cores
+    monkeypatch.setattr(cli, "_busy_cores_now", lambda: None)    # no /proc/stat: the load average
+    assert choose_threads()[0] == 1
+    monkeypatch.setattr(cli, "_busy_cores_now", lambda: float(cores))
+    monkeypatch.setattr(os, "getloadavg", lambda: (float(cores), 0.0, 0.0))
+    n, why = choose_threads()
+    assert n == 1 and "busy now" in why
+
+
+def test_busy_cores_now_sees_a_busy_core():
+    """The real /proc/stat measure: a spinning child process shows up as (about) one busy core."""
+    import subprocess
+    from agentgym.cli import _busy_cores_now
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+        time.sleep(0.3)
+        busy = _busy_cores_now(0.5)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert busy is not None and busy >= 0.7, busy
 
 
 def test_default_output_dirs_are_versioned_so_the_main_command_can_run_twice(tmp_path, monkeypatch, capsys):
