@@ -1,40 +1,67 @@
-"""Small-scale Search-R1 comparison that runs on a CPU: SmolLM2-135M-Instruct on the bundled world.
+"""Small-scale Search-R1 study on a CPU ("Search-R1 in a box"): SmolLM2-135M-Instruct on the bundled world.
 
-Four measurements on the same held-out test questions, all greedy, EM as the success metric:
+One command: SFT warm start on the env's oracle episodes, then six arms evaluated greedily with EM on
+the SAME held-out test questions (balanced over single_hop / multi_hop / no_search), same retriever:
 
-(a) ``no-search``: the model answers without retrieval (``SearchQA-v0`` with ``retrieval="none"``);
-(b) ``RAG``: the top-3 passages retrieved for the question are in the prompt (``retrieval="rag"``);
-(c) RL (GRPO) with Search-R1's protocol and retrieved-token masking, then evaluated;
-(d) the same RL run without masking (``learner.mask_env_tokens=false``): same seed, same steps, same
-    starting weights, same rollout seeds.
+(a) ``no-search``: the base instruct model answers directly (``retrieval="none"``);
+(b) ``RAG``: the base model with the top-k passages for the question in the prompt (``retrieval="rag"``);
+(c) ``SFT only``: the warm-started model with Search-R1's protocol (it searches when it decides to);
+(d) ``SFT→GRPO`` with retrieved-token masking;
+(e) ``SFT→PPO`` with retrieved-token masking (value head critic);
+(f) ``SFT→GRPO unmasked`` (``learner.mask_env_tokens=false``).
 
-The RL settings come from ``configs/smollm2_small.yaml`` (the real config loader); the baselines use
-its sizes too (sampling budget, context limits, eval questions) with one generation per question, as
-Search-R1's baselines. The untrained agentic model is the RL runs' step-0 evaluation.
+(a)/(b) can also be reported for the SFT model (``--sft-baselines``; off by default for the budget). The SFT model is
+trained once and shared by all RL seeds; each RL arm runs ``--seeds`` seeds (seed = RL seed = rollout
+seed). RL settings come from ``configs/smollm2_small.yaml`` (the real config loader), SFT settings
+from the flags below. EM is the env's ``success``: Search-R1's normalisation (``normalize_answer``).
 
-Writes ``OUT/small_scale.json`` (everything: config, sizes, machine, load, timings, metrics, curves),
-``OUT/small_scale.md`` (the table) and ``OUT/small_scale_rl_curves.png``; the runs' own artifacts
-(train_log.csv, curves.png, eval_trajectories.html, the final checkpoint) go under ``--runs-dir``.
+Statistics (``agentgym/stats.py``): per arm, EM per question is averaged over the arm's seeds and a
+percentile bootstrap over questions (``bootstrap_ci``) gives the 95 % CI (seeds held fixed: the CI
+covers question sampling, not seed-to-seed variation, which is reported separately as per-seed EM
+and a t interval over seeds). Comparisons are paired bootstraps over questions (``paired_bootstrap_ci``).
 
-    python benchmarks/search_r1/small_scale.py                     # defaults: see --help
-    python benchmarks/search_r1/small_scale.py --eval-questions 8 --steps 2 --groups 2   # a smoke run
+Writes ``OUT/small_scale.json`` (config, machine, load, command, wall time per phase, every
+per-question result), ``OUT/small_scale.md`` (the tables) and ``OUT/small_scale.png``; the runs'
+own artifacts go under ``--runs-dir`` (gitignored ``runs/``; RL checkpoints are deleted after each run
+unless ``--keep-checkpoints``).
+
+    python benchmarks/search_r1/small_scale.py --threads 1           # the default study
+    python benchmarks/search_r1/small_scale.py --threads 1 --quick   # smoke run (minutes)
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import gc
 import json
+import math
 import os
 import platform
+import shutil
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+QTYPES = ("single_hop", "multi_hop", "no_search")
+# (arm key, algo, mask) of the RL arms
+RL_ARMS = (("grpo_masked", "grpo", True), ("ppo_masked", "ppo", True), ("grpo_unmasked", "grpo", False))
+LABELS = {"none_base": "(a) no search, base model", "rag_base": "(b) RAG, base model",
+          "sft": "(c) SFT only (Search-R1 protocol)", "grpo_masked": "(d) SFT→GRPO, masked",
+          "ppo_masked": "(e) SFT→PPO, masked", "grpo_unmasked": "(f) SFT→GRPO, unmasked",
+          "none_sft": "no search, SFT model", "rag_sft": "RAG, SFT model"}
+
+
+def rss_gb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 2**20
+    except (OSError, StopIteration):
+        return float("nan")
 
 
 def log(msg: str) -> None:
@@ -46,181 +73,384 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--config", default=str(HERE / "configs" / "smollm2_small.yaml"))
     p.add_argument("--out", default=str(HERE / "results"), help="JSON, markdown table and PNG")
-    p.add_argument("--runs-dir", default="runs/search_r1_small", help="the RL runs' own artifacts")
-    p.add_argument("--eval-questions", type=int, default=None, help="default: the config's eval.episodes")
+    p.add_argument("--runs-dir", default="runs/search_r1_small", help="SFT and RL runs' own artifacts")
+    p.add_argument("--model", default=None, help="default: the config's (smollm2); tiny-random for tests")
+    p.add_argument("--retriever", default=None, help="dense | bm25; default: the config's")
+    p.add_argument("--eval-per-type", type=int, default=None,
+                   help="held-out test questions per type (single_hop, multi_hop, no_search); default 20 (--quick 2)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="per turn; default: the config's")
+    p.add_argument("--max-turns", type=int, default=None, help="search turns; default: the config's (4)")
     p.add_argument("--steps", type=int, default=None, help="RL steps; default: the config's")
     p.add_argument("--groups", type=int, default=None, help="prompts per RL step; default: the config's")
     p.add_argument("--group-size", type=int, default=None, help="samples per prompt; default: the config's")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seeds", type=int, default=None, help="seeds per RL arm (0, 1, ...); default 3 (--quick 1)")
+    p.add_argument("--arms", default=",".join(a for a, _, _ in RL_ARMS), help="RL arms to run")
+    p.add_argument("--sft-episodes", type=int, default=None,
+                   help="oracle episodes (train split) to clone; default 96 (--quick 8)")
+    p.add_argument("--sft-epochs", type=float, default=None, help="default 2 (--quick 1)")
+    p.add_argument("--sft-lr", type=float, default=1e-4)
+    p.add_argument("--sft-batch-size", type=int, default=4)
+    p.add_argument("--sft-baselines", action="store_true", help="also (a)/(b) with the SFT model (~2 evals more)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 2 questions per type, 8 SFT episodes, 1 seed, 1 RL step of 1x2")
+    p.add_argument("--keep-checkpoints", action="store_true")
+    p.add_argument("--n-boot", type=int, default=10_000)
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: torch's; 1 is faster on a machine other jobs load)")
+                   help="torch threads (default: torch's; 1 on a machine other jobs load)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="more TrainConfig overrides, e.g. learner.lr=5e-6")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    defaults = {"eval_per_type": (20, 2), "sft_episodes": (64, 8), "seeds": (3, 1), "sft_epochs": (1.0, 1.0)}
+    for k, (full, quick) in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, quick if args.quick else full)
+    if args.quick:
+        args.steps, args.groups, args.group_size = args.steps or 1, args.groups or 1, args.group_size or 2
+    return args
 
 
 def load_train_config(args: argparse.Namespace) -> Any:
     from agentgym.algorithms.trainer import TrainConfig
     from agentgym.config import load_config
     overrides = list(args.override)
-    for flag, key in (("eval_questions", "eval.episodes"), ("max_new_tokens", "sampling.max_new_tokens"),
-                      ("steps", "steps"), ("groups", "groups_per_step"), ("group_size", "group_size"),
-                      ("seed", "seed")):
+    for flag, key in (("model", "model"), ("retriever", "env_kwargs.retriever"),
+                      ("max_new_tokens", "sampling.max_new_tokens"), ("max_turns", "env_kwargs.max_turns"),
+                      ("steps", "steps"), ("groups", "groups_per_step"), ("group_size", "group_size")):
         if getattr(args, flag) is not None:
             overrides.append(f"{key}={getattr(args, flag)}")
     return load_config(TrainConfig, args.config, overrides)
 
 
-def evaluate_baseline(policy: Any, cfg: Any, retrieval: str) -> tuple[dict[str, float], float]:
-    """Greedy, one generation per question, on the RL runs' eval questions; (metrics, wall seconds)."""
+def eval_indices(cfg: Any, per_type: int) -> list[int]:
+    """The first ``per_type`` test questions of each type (fixed for the bundled world)."""
+    import agentgym
+    env = agentgym.make(cfg.env, **{**cfg.env_kwargs, **cfg.eval.env_kwargs, "retrieval": "none"})
+    try:
+        qs = env.unwrapped.questions
+    finally:
+        env.close()
+    picked: list[int] = []
+    for qt in QTYPES:
+        idx = [i for i, q in enumerate(qs) if q.get("type") == qt][:per_type]
+        if len(idx) < per_type:
+            raise ValueError(f"only {len(idx)} test questions of type {qt}")
+        picked += idx
+    return sorted(picked)
+
+
+def evaluate(policy: Any, cfg: Any, indices: list[int], retrieval: str, label: str) -> tuple[list[dict], float]:
+    """Greedy episodes on ``indices``; per-question records and wall seconds. Baselines (retrieval
+    none / rag) get one generation, as Search-R1's baselines."""
     from agentgym.rollout import RolloutEngine
-    engine = RolloutEngine(policy, cfg.rollout.greedy())  # the RL runs' layout, greedy
-    kwargs = {**cfg.env_kwargs, **cfg.eval.env_kwargs, "retrieval": retrieval, "max_turns": 1, "forced_answer": False}
-    first, n = cfg.eval.first_task, cfg.eval.episodes
+    engine = RolloutEngine(policy, cfg.rollout.greedy())
+    kwargs = {**cfg.env_kwargs, **cfg.eval.env_kwargs, "retrieval": retrieval}
+    if retrieval != "agentic":
+        kwargs.update(max_turns=1, forced_answer=False)
     t0 = time.perf_counter()
     reported = [0]
 
-    def progress(done: int, total: int) -> None:
-        if done >= reported[0] + max(1, total // 4) or done == total:
+    def progress(done: int, total: int, tokens: int = 0) -> None:
+        if done >= reported[0] + max(1, total // 3) or (done == total and reported[0] < total):
             reported[0] = done
-            log(f"  [{retrieval}] {done}/{total} episodes, {time.perf_counter() - t0:.0f} s")
+            log(f"  [{label}] {done}/{total} episodes, {time.perf_counter() - t0:.0f} s")
 
     try:
-        batch = engine.collect(cfg.env, task_indices=range(first, first + n), seed=cfg.seed, env_kwargs=kwargs,
-                               progress=progress)
+        batch = engine.collect(cfg.env, task_indices=indices, seed=cfg.seed, env_kwargs=kwargs, progress=progress)
     finally:
         engine.close()
-    return batch.metrics, time.perf_counter() - t0
+    tok = policy.tokenizer
+    records = []
+    for t in batch.trajectories:
+        ep = t.episode
+        response = tok.decode([i for i, m in zip(t.token_ids, t.loss_mask) if m][-120:])
+        records.append({"task_index": int(t.task_index), "type": ep.get("question_type"),
+                        "em": float(bool(ep.get("success"))), "searches": float(ep.get("searches", 0)),
+                        "invalid": float(ep.get("invalid_actions", 0)), "answered": float(not t.truncated),
+                        "found_gold": float(bool(ep.get("found_gold"))), "turns": float(t.num_turns),
+                        "response_tokens": float(t.num_policy_tokens), "response_tail": response})
+    records.sort(key=lambda r: r["task_index"])
+    return records, time.perf_counter() - t0
 
 
-def summary_row(name: str, m: dict[str, float], prefix: str = "") -> dict[str, Any]:
-    """The table's columns from rollout metrics (``prefix`` "eval/" for the trainer's evals)."""
-    g = lambda k: float(m.get(prefix + k, float("nan")))  # noqa: E731
-    return {"method": name, "em": g("success_rate"), "answered": 1.0 - g("truncated_rate"),
-            "searches": g("tool_calls_mean"), "invalid_actions": g("invalid_actions_mean"),
-            "found_gold": g("episode/found_gold"), "response_tokens": g("response_tokens_mean")}
+def run_sft(args: argparse.Namespace, cfg: Any, runs_dir: Path) -> tuple[dict, Any]:
+    from agentgym.algorithms.sft import OptimSettings, SFTData, SFTRunConfig, run_sft as _run_sft
+    sft_cfg = SFTRunConfig(env=cfg.env, env_kwargs=dict(cfg.env_kwargs), model=cfg.model,
+                           data=SFTData(source="oracle", episodes=args.sft_episodes, seed=0),
+                           rollout=cfg.rollout,   # the RL runs' token layout
+                           optim=OptimSettings(lr=args.sft_lr, epochs=args.sft_epochs, batch_size=args.sft_batch_size,
+                                               warmup=0.1, logging_steps=1),
+                           seed=0, device=cfg.device, output_dir=str(runs_dir / "sft"))
+    return _run_sft(sft_cfg, overwrite=True), sft_cfg
 
 
-def run_rl(policy: Any, cfg: Any, mask: bool, runs_dir: Path, before: dict[str, Any] | None) -> tuple[dict, float]:
-    """One GRPO run from the policy's current weights; ``before`` (the other run's step-0 eval of
-    the same weights) skips re-evaluating them."""
-    from dataclasses import replace
-
+def run_rl(policy: Any, cfg: Any, algo: str, mask: bool, seed: int, out_dir: Path, keep_ckpt: bool) -> dict:
+    """One RL run from the policy's current weights (trained in place); its held-out eval is ours."""
     from agentgym.algorithms.trainer import Trainer
-    name = "masked" if mask else "unmasked"
-    run_cfg = replace(cfg, learner=replace(cfg.learner, mask_env_tokens=mask), output_dir=str(runs_dir / name))
+    learner = replace(cfg.learner, mask_env_tokens=mask, seed=seed)
+    if algo == "ppo":   # Search-R1 PPO: KL in the reward, k1 estimator; GAE gamma = lam = 1 (the defaults)
+        learner = replace(learner, kl_in="reward", kl_estimator="k1")
+    run_cfg = replace(cfg, algo=algo, seed=seed, learner=learner, output_dir=str(out_dir),
+                      eval=replace(cfg.eval, episodes=1))
+    name = out_dir.name
     trainer = Trainer(run_cfg, policy=policy, log=lambda s: log(f"  [{name}] {s}"))
-    if before is not None:
-        trainer.evals = [copy.deepcopy(before)]
-    t0 = time.perf_counter()
-    result = trainer.train(overwrite=True)   # this script owns --runs-dir: a rerun replaces its runs
-    wall = time.perf_counter() - t0
+    trainer.evals = [{"tag": "before", "step": 0.0}]   # no step-0 eval: the SFT-only arm is that eval
+    result = trainer.train(overwrite=True)
     for row in result["history"]:
         log(f"  [{name}] step {int(row['step'])}: reward {row['rollout/reward_mean']:+.3f} "
-            f"success {row['rollout/success_rate']:.3f} loss {row.get('train/loss', float('nan')):+.4f} "
-            f"({row['time/step_s']:.0f} s)")
-    return {"before": result["before"], "after": result["after"], "history": result["history"],
-            "output_dir": result["output_dir"]}, wall
+            f"success {row['rollout/success_rate']:.3f} searches {row['rollout/tool_calls_mean']:.2f} "
+            f"loss {row.get('train/loss', float('nan')):+.4f} ({row['time/step_s']:.0f} s)")
+    if not keep_ckpt:
+        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    del trainer   # its learner holds a reference model and optimizer state: free them before the next run
+    gc.collect()
+    return {"history": result["history"], "output_dir": result["output_dir"]}
 
 
-def plot_rl_curves(runs: dict[str, dict], path: Path, episodes_per_step: int) -> None:
+# ----------------------------------------------------------------------------- statistics
+def per_question(runs: list[list[dict]], key: str, qtype: str | None = None) -> list[float]:
+    """``key`` per question, averaged over the runs (seeds) of an arm; ``qtype`` filters questions."""
+    rows = [r for r in runs[0] if qtype in (None, r["type"])]
+    ids = [r["task_index"] for r in rows]
+    by_run = [{r["task_index"]: r[key] for r in run} for run in runs]
+    return [sum(b[i] for b in by_run) / len(by_run) for i in ids]
+
+
+def arm_stats(runs: list[list[dict]], n_boot: int) -> dict[str, Any]:
+    from agentgym.stats import bootstrap_ci, mean_ci
+    s: dict[str, Any] = {"seeds": len(runs), "questions": len(runs[0])}
+    for qt in (None, *QTYPES):
+        vals = per_question(runs, "em", qt)
+        s[f"em_{qt or 'overall'}"] = bootstrap_ci(vals, n_boot=n_boot) if vals else (math.nan,) * 3
+    for key in ("searches", "invalid", "answered", "found_gold", "response_tokens"):
+        s[key] = bootstrap_ci(per_question(runs, key), n_boot=n_boot)
+    s["em_per_seed"] = [sum(r["em"] for r in run) / len(run) for run in runs]
+    s["em_seed_t_ci"] = mean_ci(s["em_per_seed"]) if len(runs) > 1 else None
+    return s
+
+
+def compare(a: list[list[dict]], b: list[list[dict]], sa: dict, sb: dict, n_boot: int) -> dict[str, Any]:
+    from agentgym.stats import paired_bootstrap_ci, verdict
+    out: dict[str, Any] = {}
+    for qt in (None, *QTYPES):
+        k = qt or "overall"
+        x, y = per_question(a, "em", qt), per_question(b, "em", qt)
+        ci = paired_bootstrap_ci(x, y, n_boot=n_boot)
+        (_, lo_a, hi_a), (_, lo_b, hi_b) = sa[f"em_{k}"], sb[f"em_{k}"]
+        out[k] = {"diff": ci[0], "ci_low": ci[1], "ci_high": ci[2], "verdict": verdict(ci),
+                  "marginal_cis_overlap": bool(lo_a <= hi_b and lo_b <= hi_a)}
+    return out
+
+
+# ----------------------------------------------------------------------------- outputs
+def fmt_ci(c: Any) -> str:
+    m, lo, hi = c
+    return "n/a" if m is None or math.isnan(m) else f"{m:.3f} [{lo:.2f}, {hi:.2f}]"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    meta, stats, comps = result["meta"], result["stats"], result["comparisons"]
+    la, lb = meta["machine"]["load_average_start"], meta["machine"]["load_average_end"]
+    lines = [f"# Small-scale Search-R1 study ({meta['date']})", "",
+             f"Model `{meta['model']}` (smollm2 = SmolLM2-135M-Instruct) on the bundled SearchQA world, retriever `{meta['retriever']}` "
+             f"(top-{meta['topk']}), {meta['eval_questions']} held-out test questions ({meta['eval_per_type']} per type), "
+             "greedy, EM with Search-R1's normalisation. EM [95 % CI]: percentile bootstrap over questions "
+             "(10k resamples) of the per-question EM averaged over the arm's seeds (seeds held fixed); "
+             "deterministic greedy baselines have one run. Raw: `small_scale.json`.", "",
+             "| arm | seeds | EM overall | single_hop | multi_hop | no_search | searches / ep | invalid / ep | "
+             "answered | EM per seed |",
+             "|---|---:|---|---|---|---|---:|---:|---:|---|"]
+    for key, s in stats.items():
+        seeds = ", ".join(f"{v:.3f}" for v in s["em_per_seed"]) if s["seeds"] > 1 else ""
+        lines.append(f"| {LABELS.get(key, key)} | {s['seeds']} | {fmt_ci(s['em_overall'])} | {fmt_ci(s['em_single_hop'])} | "
+                     f"{fmt_ci(s['em_multi_hop'])} | {fmt_ci(s['em_no_search'])} | {s['searches'][0]:.2f} | "
+                     f"{s['invalid'][0]:.2f} | {s['answered'][0]:.2f} | {seeds} |")
+    lines += ["", "Comparisons (paired bootstrap over questions of the EM difference; 'excludes 0' = the 95 % CI of "
+              "the difference excludes 0; 'CIs overlap' = the two arms' own CIs overlap):", "",
+              "| comparison | Δ EM overall [95 % CI] | excludes 0 | CIs overlap | Δ single_hop | Δ multi_hop | Δ no_search |",
+              "|---|---|---|---|---|---|---|"]
+    for name, c in comps.items():
+        o = c["overall"]
+        cell = lambda k: f"{c[k]['diff']:+.3f} [{c[k]['ci_low']:+.2f}, {c[k]['ci_high']:+.2f}]"  # noqa: E731
+        lines.append(f"| {name} | {cell('overall')} | {'yes' if o['verdict'] == 'significant' else 'no'} | "
+                     f"{'yes' if o['marginal_cis_overlap'] else 'no'} | {cell('single_hop')} | {cell('multi_hop')} | "
+                     f"{cell('no_search')} |")
+    sft = result["sft"]
+    lines += ["", f"SFT warm start: {sft['kept']} oracle episodes (train split) kept of {sft['episodes']}, "
+              f"{sft['steps']} optimizer steps, loss {sft['loss_first']:.3f} → {sft['loss_last']:.3f}; "
+              "shared by all RL seeds. RL per run: "
+              f"{meta['rl']['steps']} steps × {meta['rl']['groups']} prompts × {meta['rl']['group_size']} samples, "
+              f"lr {meta['rl']['lr']}, {meta['rl']['max_new_tokens']} new tokens per turn, {meta['rl']['max_turns']} "
+              "search turns + forced answer.", "",
+              f"Machine: {meta['machine']['platform']}, {meta['machine']['cpus']} CPUs, torch threads "
+              f"{meta['machine']['torch_threads']}; load average at start {la[0]:.2f}/{la[1]:.2f}/{la[2]:.2f}, "
+              f"at end {lb[0]:.2f}/{lb[1]:.2f}/{lb[2]:.2f}. Command: `{meta['command']}`.", "",
+              "Wall time per phase (s): " + ", ".join(f"{k} {v:.0f}" for k, v in meta["wall_s"].items()) + ".", "",
+              "**What this can and cannot show.** It can show, on a synthetic world whose facts the model cannot "
+              "know, whether a 135M model warm-started on oracle search traces and then trained a few RL steps "
+              "answers more held-out questions than answering directly or with one-shot RAG, per question type, "
+              "with intervals over the question sample. It cannot show what Search-R1 shows at scale: the RL "
+              f"runs are {meta['rl']['steps']} steps of {meta['rl']['groups'] * meta['rl']['group_size']} episodes "
+              "(Search-R1: ~1000 steps of 512 prompts), so most of any gain over the baselines is the SFT warm "
+              "start's, and masked vs unmasked or GRPO vs PPO differences this small are within what "
+              f"{meta['eval_questions']} questions × {meta['seeds']} seeds can resolve only if large. The CIs cover "
+              "question sampling with the seeds held fixed; with 3 seeds the seed-to-seed spread is shown, not "
+              "modelled."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    panels = [("rollout/reward_mean", f"rollout reward (mean of {episodes_per_step} episodes)"),
-              ("rollout/success_rate", "rollout EM"), ("train/entropy", "entropy (loss tokens)"),
-              ("train/kl", "KL to the start (low_var_kl)")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
-    for ax, (key, title) in zip(axes, panels):
-        for name, run in runs.items():
-            h = run["history"]
-            ax.plot([r["step"] for r in h], [r.get(key, float("nan")) for r in h], marker="o", label=name)
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("SmolLM2-135M GRPO on SearchQA (bundled world): retrieved-token masking on vs off", fontsize=10)
+    import numpy as np
+    stats = result["stats"]
+    keys = list(stats)
+    cats = ["overall", *QTYPES]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(15, 4.8), gridspec_kw={"width_ratios": [2.2, 1]})
+    width = 0.8 / len(keys)
+    x = np.arange(len(cats))
+    for i, k in enumerate(keys):
+        m = np.array([stats[k][f"em_{c}"][0] for c in cats])
+        lo = np.array([stats[k][f"em_{c}"][1] for c in cats])
+        hi = np.array([stats[k][f"em_{c}"][2] for c in cats])
+        ax.bar(x + (i - (len(keys) - 1) / 2) * width, m, width, yerr=[m - lo, hi - m], capsize=2,
+               label=LABELS.get(k, k))
+    ax.set_xticks(x, cats)
+    ax.set_ylabel("held-out EM (greedy)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"EM per arm and question type, 95 % bootstrap CI ({result['meta']['eval_questions']} questions)",
+                 fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+    for arm, runs in result["rl"].items():
+        hs = [r["history"] for r in runs]
+        steps = [int(row["step"]) for row in hs[0]]
+        for h in hs:
+            ax2.plot(steps, [row["rollout/success_rate"] for row in h], alpha=0.25,
+                     color=f"C{keys.index(arm) if arm in keys else 0}")
+        mean = np.mean([[row["rollout/success_rate"] for row in h] for h in hs], axis=0)
+        ax2.plot(steps, mean, marker="o", label=f"{LABELS.get(arm, arm)} (mean of {len(hs)})",
+                 color=f"C{keys.index(arm) if arm in keys else 0}")
+    ax2.set_title("RL: rollout EM per step (sampled, train split)", fontsize=9)
+    ax2.set_xlabel("step")
+    ax2.set_ylim(0, 1)
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=7)
+    fig.suptitle("Search-R1 small scale: SmolLM2-135M on the bundled SearchQA world (CPU)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def markdown_table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = [f"Small-scale Search-R1 comparison ({meta['date']}): SmolLM2-135M-Instruct, bundled world, "
-             f"{meta['eval_questions']} test questions, greedy, EM. Raw: small_scale.json.", "",
-             "| method | EM | answered (`<answer>` given) | searches / episode | invalid actions / episode | "
-             "gold passage seen | response tokens |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['method']} | {r['em']:.3f} | {r['answered']:.3f} | {r['searches']:.2f} | "
-                     f"{r['invalid_actions']:.2f} | {r['found_gold']:.3f} | {r['response_tokens']:.1f} |")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = parse_args(argv)
+    if args.threads:
+        os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
 
     from agentgym.config import to_dict
-    from agentgym.policies.transformers_policy import TransformersPolicy
+    from agentgym.policies.loading import load_trained_policy
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = load_train_config(args)
     out, runs_dir = Path(args.out), Path(args.runs_dir)
     out.mkdir(parents=True, exist_ok=True)
+    runs_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     load_start = os.getloadavg()
-    log(f"config {args.config}: {cfg.eval.episodes} eval questions, {cfg.sampling.max_new_tokens} new tokens/turn, "
-        f"RL {cfg.steps} steps x {cfg.groups_per_step}x{cfg.group_size} episodes; torch threads "
-        f"{torch.get_num_threads()}; load average {load_start[0]:.1f}")
-
-    policy = (TransformersPolicy.tiny_random(seed=cfg.seed) if cfg.model == "tiny-random"  # smoke runs
-              else TransformersPolicy.from_pretrained(cfg.model, device=cfg.device))
-    start_weights = copy.deepcopy(policy.model.state_dict())
+    indices = eval_indices(cfg, args.eval_per_type)
+    arms = [a for a in RL_ARMS if a[0] in args.arms.split(",")]
+    log(f"model {cfg.model}, retriever {cfg.env_kwargs.get('retriever')}; {len(indices)} eval questions; SFT "
+        f"{args.sft_episodes} oracle episodes x {args.sft_epochs} epochs; RL {[a[0] for a in arms]} x {args.seeds} "
+        f"seeds, {cfg.steps} steps x {cfg.groups_per_step}x{cfg.group_size}; {cfg.sampling.max_new_tokens} new "
+        f"tokens/turn; torch threads {torch.get_num_threads()}; load average {load_start[0]:.2f}")
     timings: dict[str, float] = {}
-    metrics: dict[str, Any] = {}
-    for retrieval in ("none", "rag"):
-        log(f"baseline retrieval={retrieval!r}")
-        metrics[retrieval], timings[retrieval] = evaluate_baseline(policy, cfg, retrieval)
-        log(f"  EM {metrics[retrieval]['success_rate']:.3f} ({timings[retrieval]:.0f} s)")
+    records: dict[str, list[list[dict]]] = {}
 
-    runs: dict[str, dict] = {}
-    before = None
-    for mask in (True, False):
-        name = "masked" if mask else "unmasked"
-        log(f"RL {name}: GRPO {cfg.steps} steps")
-        policy.model.load_state_dict(start_weights)
-        runs[name], timings[f"rl_{name}"] = run_rl(policy, cfg, mask, runs_dir, before)
-        before = runs["masked"]["before"]   # the unmasked run starts from the same weights: reuse its step-0 eval
-        log(f"  EM before {runs[name]['before']['eval/success_rate']:.3f} -> after "
-            f"{runs[name]['after']['eval/success_rate']:.3f} ({timings[f'rl_{name}']:.0f} s)")
+    def timed_eval(policy: Any, key: str, retrieval: str) -> list[dict]:
+        log(f"eval {LABELS.get(key, key)} (retrieval={retrieval})")
+        recs, timings[f"eval_{key}"] = evaluate(policy, cfg, indices, retrieval, key)
+        log(f"  EM {sum(r['em'] for r in recs) / len(recs):.3f}, searches/ep "
+            f"{sum(r['searches'] for r in recs) / len(recs):.2f} ({timings[f'eval_{key}']:.0f} s)")
+        return recs
 
-    rows = [summary_row("(a) no search (direct answer)", metrics["none"]),
-            summary_row("(b) RAG (top-3 for the question in the prompt)", metrics["rag"]),
-            summary_row("untrained, Search-R1 protocol (RL step 0)", runs["masked"]["before"], "eval/"),
-            summary_row(f"(c) GRPO {cfg.steps} steps, retrieved-token masking", runs["masked"]["after"], "eval/"),
-            summary_row(f"(d) GRPO {cfg.steps} steps, no masking", runs["unmasked"]["after"], "eval/")]
-    em_c, em_d = rows[3]["em"], rows[4]["em"]
-    n = cfg.eval.episodes
-    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "eval_questions": n,
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    # (a), (b): the base model
+    t0 = time.perf_counter()
+    base = load_trained_policy(cfg.model, device=cfg.device, seed=cfg.seed)
+    timings["load_base"] = time.perf_counter() - t0
+    records["none_base"] = [timed_eval(base, "none_base", "none")]
+    records["rag_base"] = [timed_eval(base, "rag_base", "rag")]
+    del base
+
+    # SFT warm start on oracle episodes
+    log(f"SFT: {args.sft_episodes} oracle episodes (train split), {args.sft_epochs} epochs, lr {args.sft_lr}")
+    t0 = time.perf_counter()
+    sft_summary, sft_cfg = run_sft(args, cfg, runs_dir)
+    timings["sft"] = time.perf_counter() - t0
+    log(f"  SFT: kept {sft_summary['kept']}/{sft_summary['episodes']}, {sft_summary['steps']} steps, loss "
+        f"{sft_summary['loss_first']:.3f} -> {sft_summary['loss_last']:.3f} ({timings['sft']:.0f} s)")
+    policy = load_trained_policy(sft_summary["model_dir"], device=cfg.device, dtype=torch.float32)
+    sft_state = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
+    records["sft"] = [timed_eval(policy, "sft", "agentic")]
+    if args.sft_baselines:
+        records["none_sft"] = [timed_eval(policy, "none_sft", "none")]
+        records["rag_sft"] = [timed_eval(policy, "rag_sft", "rag")]
+
+    # RL arms from the SFT weights
+    rl: dict[str, list[dict]] = {}
+    for key, algo, mask in arms:
+        records[key], rl[key] = [], []
+        for seed in range(args.seeds):
+            name = f"{key}_seed{seed}"
+            log(f"RL {name}: {algo}, mask_env_tokens={mask}, {cfg.steps} steps")
+            policy.model.load_state_dict(sft_state)
+            t0 = time.perf_counter()
+            rl[key].append(run_rl(policy, cfg, algo, mask, seed, runs_dir / name, args.keep_checkpoints))
+            timings[f"rl_{name}"] = time.perf_counter() - t0
+            log(f"  {name}: {timings[f'rl_{name}']:.0f} s, process RSS {rss_gb():.1f} GiB")
+            records[key].append(timed_eval(policy, name, "agentic"))
+
+    n_boot = args.n_boot
+    order = ["none_base", "rag_base", "sft", *[a[0] for a in arms], "none_sft", "rag_sft"]
+    stats = {k: arm_stats(records[k], n_boot) for k in order if k in records}
+    comps: dict[str, Any] = {}
+    for key, _, _ in arms:
+        for other in ("none_base", "rag_base", "sft"):
+            comps[f"{LABELS[key]} − {LABELS[other]}"] = compare(records[key], records[other], stats[key], stats[other], n_boot)
+    if "grpo_masked" in records and "grpo_unmasked" in records:
+        comps[f"{LABELS['grpo_masked']} − {LABELS['grpo_unmasked']}"] = compare(
+            records["grpo_masked"], records["grpo_unmasked"], stats["grpo_masked"], stats["grpo_unmasked"], n_boot)
+    comps[f"{LABELS['sft']} − {LABELS['none_base']}"] = compare(records["sft"], records["none_base"],
+                                                                stats["sft"], stats["none_base"], n_boot)
+    comps[f"{LABELS['sft']} − {LABELS['rag_base']}"] = compare(records["sft"], records["rag_base"],
+                                                               stats["sft"], stats["rag_base"], n_boot)
+    timings["total"] = time.perf_counter() - t_start
+    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "model": cfg.model,
+            "retriever": cfg.env_kwargs.get("retriever"), "topk": cfg.env_kwargs.get("topk"),
+            "eval_questions": len(indices), "eval_per_type": args.eval_per_type, "eval_task_indices": indices,
+            "seeds": args.seeds,
+            "rl": {"steps": cfg.steps, "groups": cfg.groups_per_step, "group_size": cfg.group_size, "lr": cfg.learner.lr,
+                   "max_new_tokens": cfg.sampling.max_new_tokens, "max_turns": cfg.env_kwargs.get("max_turns")},
+            "command": " ".join(["OMP_NUM_THREADS=" + os.environ.get("OMP_NUM_THREADS", ""), "python",
+                                 *(sys.argv if argv is None else ["benchmarks/search_r1/small_scale.py", *argv])]),
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
                         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                        "load_average_start": load_start, "load_average_end": os.getloadavg()},
-            "wall_s": {**timings, "total": time.perf_counter() - t_start}}
-    result = {"meta": meta, "config": to_dict(cfg), "table": rows,
-              "masked_minus_unmasked_em": em_c - em_d,
-              # one question moves EM by 1/n; with n questions, a difference below ~2/sqrt(n) is within noise
-              "em_resolution": 1.0 / n, "baselines": metrics,
-              "rl": runs}
+                        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                        "load_average_start": list(load_start), "load_average_end": list(os.getloadavg())},
+            "wall_s": timings,
+            "stats_method": "per-question EM averaged over the arm's seeds; percentile bootstrap over questions "
+                            "(agentgym.stats.bootstrap_ci); comparisons: paired bootstrap over questions "
+                            "(paired_bootstrap_ci); seeds held fixed. em_seed_t_ci: Student t over per-seed EM."}
+    result = {"meta": meta, "args": vars(args), "config": to_dict(cfg), "sft_config": to_dict(sft_cfg),
+              "sft": sft_summary, "stats": stats, "comparisons": comps, "records": records, "rl": rl}
     (out / "small_scale.json").write_text(json.dumps(result, indent=1, default=float))
-    (out / "small_scale.md").write_text(markdown_table(rows, meta))
-    plot_rl_curves(runs, out / "small_scale_rl_curves.png", cfg.groups_per_step * cfg.group_size)
-    log(f"wrote {out / 'small_scale.json'}, small_scale.md, small_scale_rl_curves.png "
-        f"(total {meta['wall_s']['total'] / 60:.1f} min)")
-    print(markdown_table(rows, meta))
+    md = markdown(result)
+    (out / "small_scale.md").write_text(md)
+    plot(result, out / "small_scale.png")
+    log(f"wrote {out / 'small_scale.json'}, small_scale.md, small_scale.png (total {timings['total'] / 60:.1f} min)")
+    print(md)
     return 0
 
 

@@ -1,0 +1,105 @@
+"""benchmarks/search_r1/small_scale.py: the Search-R1 small-scale study's machinery.
+
+* fast (default suite): the whole script end to end on ``tiny-random`` with BM25 — SFT on oracle
+  episodes, one RL step, the held-out evals, statistics, markdown table and PNG; plus the eval
+  machinery scoring the env's oracle (EM 1 on every question, one search exactly when needed).
+* slow (opt in with ``--runslow`` or ``AGENTGYM_SLOW=1``): a shortened study with SmolLM2-135M on
+  fixed seeds; the SFT→GRPO (masked) arm must beat the no-search baseline by a stated margin.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "search_r1" / "small_scale.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("search_r1_small_scale", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _check_outputs(out: Path, arms: list[str], questions: int) -> dict:
+    result = json.loads((out / "small_scale.json").read_text())
+    md = (out / "small_scale.md").read_text()
+    png = out / "small_scale.png"
+    assert png.is_file() and png.stat().st_size > 10_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for arm in arms:
+        assert arm in result["stats"], arm
+        runs = result["records"][arm]
+        assert runs and all(len(run) == questions for run in runs)
+        assert [r["task_index"] for r in runs[0]] == result["meta"]["eval_task_indices"]
+        em, lo, hi = result["stats"][arm]["em_overall"]
+        assert math.isfinite(em) and 0.0 <= lo <= em <= hi <= 1.0
+        # the arm's table row holds its numbers
+        row = next(line for line in md.splitlines() if line.startswith(f"| {_module().LABELS[arm]} |"))
+        assert f"{em:.3f}" in row
+    table_rows = [line for line in md.splitlines() if line.startswith("| (")]
+    assert len(table_rows) >= len(arms)
+    assert result["meta"]["wall_s"]["total"] > 0 and len(result["meta"]["machine"]["load_average_start"]) == 3
+    return result
+
+
+def test_small_scale_end_to_end_tiny(tmp_path):
+    """SFT + one RL step + evals + table + PNG, on tiny-random (< 60 s with 1 thread)."""
+    mod = _module()
+    out = tmp_path / "out"
+    rc = mod.main(["--quick", "--model", "tiny-random", "--retriever", "bm25", "--threads", "1",
+                   "--eval-per-type", "1", "--arms", "grpo_masked",
+                   "--n-boot", "500", "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
+    assert rc == 0
+    result = _check_outputs(out, ["none_base", "rag_base", "sft", "grpo_masked"], questions=3)
+    types = sorted(r["type"] for r in result["records"]["sft"][0])
+    assert types == ["multi_hop", "no_search", "single_hop"]
+    assert result["sft"]["kept"] == 8 and math.isfinite(result["sft"]["loss_last"])
+    assert len(result["rl"]["grpo_masked"][0]["history"]) == 1
+    assert not (tmp_path / "runs" / "grpo_masked_seed0" / "checkpoints").exists()   # deleted: not kept
+    assert (tmp_path / "runs" / "sft" / "model" / "config.json").is_file()
+    comps = result["comparisons"]
+    assert any("(d) SFT→GRPO, masked − (a) no search" in k for k in comps)
+
+
+def test_eval_machinery_scores_the_oracle():
+    """The env's scripted oracle through the script's eval: EM 1 everywhere, searches only when needed,
+    no invalid actions; and the baseline arms' layout (one generation) accepts its answer turn."""
+    mod = _module()
+    from agentgym.envs.searchqa.env import SearchQAEnv
+    from agentgym.policies.scripted import ScriptedPolicy
+    from agentgym.policies.transformers_policy import TransformersPolicy
+    cfg = mod.load_train_config(mod.parse_args(["--retriever", "bm25", "--model", "tiny-random"]))
+    indices = mod.eval_indices(cfg, 2)
+    tok = TransformersPolicy.tiny_random(seed=0).tokenizer
+    oracle = ScriptedPolicy(tok, SearchQAEnv.oracle)
+    recs, _ = mod.evaluate(oracle, cfg, indices, "agentic", "oracle")
+    assert [r["task_index"] for r in recs] == indices
+    assert all(r["em"] == 1.0 and r["invalid"] == 0.0 for r in recs)
+    for r in recs:
+        assert r["searches"] == (0.0 if r["type"] == "no_search" else 1.0), r
+    stats = mod.arm_stats([recs], n_boot=200)
+    assert stats["em_overall"][0] == 1.0 and stats["searches"][0] == pytest.approx(4 / 6)
+
+
+@pytest.mark.slow
+def test_small_scale_rl_beats_no_search(tmp_path):
+    """Shortened study (SmolLM2-135M, dense retriever, fixed seeds 0): SFT on 64 oracle episodes, 2 GRPO
+    steps with masking; on 30 held-out questions its EM must exceed the base model's no-search EM by
+    at least 0.10. About 10-15 min on 1 CPU thread."""
+    mod = _module()
+    out = tmp_path / "out"
+    rc = mod.main(["--threads", "1", "--eval-per-type", "10", "--sft-episodes", "64", "--seeds", "1",
+                   "--arms", "grpo_masked", "--steps", "2", "--n-boot", "2000",
+                   "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
+    assert rc == 0
+    result = _check_outputs(out, ["none_base", "rag_base", "sft", "grpo_masked"], questions=30)
+    rl = result["stats"]["grpo_masked"]["em_overall"][0]
+    none = result["stats"]["none_base"]["em_overall"][0]
+    assert rl >= none + 0.10, (rl, none)
