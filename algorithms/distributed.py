@@ -15,10 +15,15 @@ variables). The division of work, and why:
   local accumulation (DDP's ``no_sync`` pattern) so that uneven micro-batch counts and the separate
   value head need no special cases. The sum equals the one-process accumulated gradient, so one step
   on a fixed global batch gives the same parameters as one process (tested to ≤ 1e-6).
-* **FSDP2** (CUDA, ``distributed.fsdp=true``): ``fully_shard`` on every decoder layer and the model
-  shards parameters, gradients and optimizer state for models that do not fit one device; FSDP then
-  reduces (averages) gradients itself, so the loss is scaled by N and every rank runs the same number
-  of micro-batches (padded with zero-weight passes). Needs a GPU: not exercised on CPU machines.
+* **FSDP2** (``fsdp=true``): ``fully_shard`` on every decoder layer and the model — the policy, the
+  frozen KL reference and a separate critic alike — shards parameters, gradients and optimizer state for
+  models that do not fit one device; FSDP then reduces (averages) gradients itself, so the loss is
+  scaled by N, a replicated value head is averaged the same way, and every rank runs the same number
+  of micro-batches (padded with zero-weight passes). Meant for CUDA (NCCL); it runs on CPU with gloo
+  too, which is how CI tests it (one step on a fixed batch equals one process; train/resume end to end).
+  Sampling needs a separate engine (each rank's ``generate`` would run a different number of forward
+  passes through the sharded model): vLLM, or with ``backend=hf`` an unsharded HF copy per rank that
+  loads the gathered full weights after every update.
 * Only rank 0 logs, evaluates and writes checkpoints; every rank resumes from the same checkpoint.
 """
 
@@ -101,8 +106,10 @@ def all_reduce_sum(values: Sequence[float], ctx: DistContext | None) -> list[flo
     return t.cpu().tolist()
 
 
-def all_reduce_gradients(params: Iterable[torch.nn.Parameter], ctx: DistContext | None) -> None:
-    """Sum the gradients of ``params`` over ranks (missing gradients count as 0), one flat all-reduce."""
+def all_reduce_gradients(params: Iterable[torch.nn.Parameter], ctx: DistContext | None,
+                         average: bool = False) -> None:
+    """Sum (``average``: average) the gradients of ``params`` over ranks (missing gradients count as 0),
+    one flat all-reduce."""
     if ctx is None:
         return
     import torch.distributed as dist
@@ -114,6 +121,8 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter], ctx: DistContext 
             p.grad = torch.zeros_like(p)
     flat = torch.cat([p.grad.reshape(-1) for p in params])
     dist.all_reduce(flat)
+    if average:
+        flat /= ctx.world_size
     offset = 0
     for p in params:
         n = p.grad.numel()
@@ -122,10 +131,20 @@ def all_reduce_gradients(params: Iterable[torch.nn.Parameter], ctx: DistContext 
 
 
 def apply_fsdp2(model: torch.nn.Module) -> torch.nn.Module:
-    """Shard a transformers causal LM with FSDP2 (``fully_shard``): each decoder layer, then the root."""
+    """Shard a transformers causal LM (or a critic holding its body) with FSDP2 (``fully_shard``): each
+    decoder layer, then the root, over all ranks of the process group on the model's device type
+    (CUDA with NCCL; CPU with gloo works too — that is how the CPU tests exercise this path)."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    layers = getattr(getattr(model, "model", None), "layers", None)
+    import torch.distributed as dist
+    device_type = next(model.parameters()).device.type
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    layers = None
+    for owner in (getattr(model, "model", None), getattr(model, "body", None), model):
+        layers = getattr(owner, "layers", None)
+        if layers is not None:
+            break
     for layer in layers or []:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     return model

@@ -857,6 +857,8 @@ class Learner:
         self.ref_model = None
         if base_copy is not None:
             self.ref_model = base_copy.eval().requires_grad_(False)
+        if self.fsdp:
+            self._shard()
         if cfg.gradient_checkpointing:
             _enable_checkpointing(self.model)
         self.device = next(self.model.parameters()).device
@@ -873,6 +875,34 @@ class Learner:
             self.optimizer, [factors[g["role"]] for g in self.optimizer.param_groups])
         self.step = 0
         self._temperature = cfg.temperature or 1.0
+
+    def _shard(self) -> None:
+        """FSDP2: shard the trained policy, the frozen reference and a separate critic the same way
+        (``fully_shard`` per decoder layer, then the root), before the optimizer sees their parameters.
+        The reference and critic were copied from the unsharded policy, so every rank starts equal. A
+        value head on the policy's body (``critic="head"``) stays replicated: its gradients are averaged
+        with one all-reduce. LoRA under FSDP is not supported yet (refused with the reason)."""
+        if self.config.lora is not None or _is_peft(self.model):
+            raise ValueError("fsdp=true with learner.lora is not supported yet: sharding the PEFT wrapper and "
+                             "merging adapters across shards is not built; use LoRA without fsdp, or fsdp without LoRA")
+        from agentgym.algorithms.distributed import apply_fsdp2
+        self._sharded = [apply_fsdp2(self.model)]
+        if self.ref_model is not None:
+            self._sharded.append(apply_fsdp2(self.ref_model))
+        if self._critic is not None and self._critic.model is not None:
+            self._sharded.append(apply_fsdp2(self._critic.model))
+
+    def _fsdp_managed(self) -> set[int]:
+        """ids of the parameters whose gradients FSDP reduces itself."""
+        return {id(p) for m in getattr(self, "_sharded", []) for p in m.parameters()}
+
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        """The trained policy's full (unsharded) weights. Under FSDP every rank must call this (it
+        gathers the shards); otherwise it is the module's state dict."""
+        if not self.fsdp:
+            return self.model.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
 
     # ------------------------------------------------------------------ parts, as attributes
     @property
@@ -908,6 +938,8 @@ class Learner:
         """What a separate sampler loads after an update (``policy.sync_weights``): the trained module
         itself, or with LoRA the base weights with the adapter merged in, under the base model's names
         (an inference engine then needs no LoRA support and samples exactly the trained policy)."""
+        if self.fsdp:   # collective: every rank syncs its own sampler after the same update
+            return list(self.full_model_state().items())
         if not _is_peft(self.model):
             return self.model
         self.model.merge_adapter()
@@ -1003,24 +1035,72 @@ class Learner:
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
-        state = {"name": self.name, "step": self.step, "optimizer": self.optimizer.state_dict(),
+        """Optimizer, scheduler, RNG, advantage and critic state for a checkpoint. Under FSDP every rank
+        must call it: the optimizer state and a sharded critic are gathered in full (collectives), so a
+        checkpoint does not depend on the number of processes that wrote it."""
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                                 get_optimizer_state_dict)
+            full = StateDictOptions(full_state_dict=True)
+            optim = get_optimizer_state_dict(self._optimized_modules(), self.optimizer, options=full)
+        else:
+            optim = self.optimizer.state_dict()
+        state = {"name": self.name, "step": self.step, "optimizer": optim,
                  "scheduler": self.scheduler.state_dict(), "rng": self._rng.get_state(),
                  "advantage": self.advantage.state_dict()}
         if self._critic is not None:
-            state["critic"] = self._critic.state_dict()
+            if self.fsdp and self._critic.model is not None:
+                state["critic"] = {k: v.detach().cpu().clone()
+                                   for k, v in get_model_state_dict(self._critic.model, options=full).items()}
+            else:
+                state["critic"] = self._critic.state_dict()
         return state
+
+    def _optimized_modules(self) -> nn.Module:
+        """Every module whose parameters the optimizer updates, under one root (FSDP's state-dict helpers
+        map optimizer state to parameter names through it)."""
+        mods = nn.ModuleDict({"policy": self.model})
+        if self._critic is not None:
+            mods["critic"] = self._critic.module
+        return mods
+
+    def load_full_model_state(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Load full (unsharded) policy weights, e.g. from a checkpoint; under FSDP into each rank's
+        shards (every rank calls it with the same weights). A tied ``lm_head.weight`` may be absent."""
+        if not self.fsdp:
+            self.model.load_state_dict(dict(weights), strict=False)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        expected = set(self.model.state_dict())
+        missing = [k for k in expected - set(weights) if not k.endswith("lm_head.weight")]
+        unexpected = sorted(set(weights) - expected)
+        if missing or unexpected:
+            raise RuntimeError(f"weights do not match the model: missing {sorted(missing)[:3]}, unexpected {unexpected[:3]}")
+        set_model_state_dict(self.model, dict(weights), options=StateDictOptions(full_state_dict=True, strict=False))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("name", self.name) != self.name:
             raise ValueError(f"state of a {state['name']!r} learner cannot load into {self.name!r}")
         self.step = int(state["step"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                                 set_optimizer_state_dict)
+            full = StateDictOptions(full_state_dict=True)
+            # the sharded critic first: the optimizer state is mapped through the modules' parameters
+            if self._critic is not None and self._critic.model is not None:
+                set_model_state_dict(self._critic.model, dict(state["critic"]), options=full)
+            elif self._critic is not None:
+                self._critic.load_state_dict(state["critic"])
+            set_optimizer_state_dict(self._optimized_modules(), self.optimizer, optim_state_dict=state["optimizer"],
+                                     options=full)
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self._critic is not None:
+                self._critic.load_state_dict(state["critic"])
         self.scheduler.load_state_dict(state["scheduler"])
         self._rng.set_state(state["rng"])
         # "baseline": REINFORCE checkpoints written before the learners were split into parts
         self.advantage.load_state_dict(state.get("advantage", state.get("baseline", {})))
-        if self._critic is not None:
-            self._critic.load_state_dict(state["critic"])
 
     # ------------------------------------------------------------------ internals
     def _param_groups(self) -> list[dict[str, Any]]:
@@ -1222,9 +1302,10 @@ class Learner:
                         losses[k] = losses.get(k, 0.0) + v
                     for k, v in ts.items():
                         token_stats[k] = token_stats.get(k, 0.0) + v
-                managed = {id(p) for p in self.model.parameters()} if self.fsdp else set()
+                managed = self._fsdp_managed()
+                # under FSDP the loss was scaled by N for FSDP's average: the replicated rest is averaged too
                 all_reduce_gradients([p for p in self.policy_parameters() + self.critic_parameters()
-                                      if id(p) not in managed], self.dist)
+                                      if id(p) not in managed], self.dist, average=self.fsdp)
             norm = self._clip_gradients()
             if not math.isfinite(norm):
                 return None
@@ -1244,7 +1325,10 @@ class Learner:
         for params in (self.policy_parameters(), self.critic_parameters()):
             params = [p for p in params if p.grad is not None]
             if params:
-                norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+                norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                if hasattr(norm, "full_tensor"):   # FSDP2: a DTensor (the norm over every rank's shards)
+                    norm = norm.full_tensor()
+                norms.append(float(norm))
         if not norms:
             return 0.0
         return norms[0] if all(math.isfinite(n) for n in norms) else float("nan")

@@ -170,8 +170,11 @@ class Trainer:
         if self.dist is not None and cfg.groups_per_step % self.dist.world_size:
             raise ValueError(f"groups_per_step={cfg.groups_per_step} must be divisible by the number of "
                              f"processes ({self.dist.world_size})")
-        if cfg.fsdp and (self.dist is None or not torch.cuda.is_available()):
-            raise ValueError("fsdp=true needs torchrun with CUDA devices (FSDP2 shards across GPUs)")
+        if cfg.fsdp and self.dist is None:
+            raise ValueError("fsdp=true needs torchrun (FSDP2 shards the model across the processes: "
+                             "torchrun --nproc-per-node N -m agentgym.cli train fsdp=true ...)")
+        if cfg.fsdp and cfg.rollout_workers > 0:
+            raise ValueError("fsdp=true with rollout_workers > 0 is not supported yet: use one engine per rank")
         _set_seed(cfg.seed)
         from agentgym.policies.loading import load_policy, load_trained_policy, resolve_backend
         if policy is None:  # any model spec, including an SFT / DPO output or another run's checkpoint
@@ -182,21 +185,17 @@ class Trainer:
             from agentgym.policies.ray_pool import RayPolicyPool
             self.policy = RayPolicyPool(cfg.model, num_workers=cfg.rollout_workers, backend=backend, seed=cfg.seed,
                                         address=cfg.rollout.ray_address)
-        elif backend == "hf":
+        elif backend == "hf" and not cfg.fsdp:
             self.policy = policy            # colocated: samples with the module being trained
-        else:                               # a separate engine, loaded from the same weights
+        else:                               # a separate engine, loaded from the same weights (under FSDP an
+            # unsharded HF copy per rank when backend=hf: each rank's generate() runs its own number of
+            # forward passes, which a sharded module cannot, as its passes are collective)
             self.policy = load_policy(cfg.model, backend, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
         self.colocated = self.policy is self.train_policy
         lcfg = cfg.learner
         if lcfg.total_steps is None or lcfg.total_steps <= 0:
             from dataclasses import replace
             lcfg = replace(lcfg, total_steps=cfg.steps)
-        if cfg.fsdp:
-            if self.colocated:
-                raise ValueError("fsdp=true needs backend=vllm: ranks of a sharded model must run the same "
-                                 "forward passes, which per-rank generate() calls do not")
-            from agentgym.algorithms.distributed import apply_fsdp2
-            apply_fsdp2(policy.model)
         self.learner = make_learner(cfg.algo, policy, lcfg, separate_sampler=not self.colocated, fsdp=cfg.fsdp)
         if not self.colocated:              # the engine starts from exactly the learner's weights
             self.policy.sync_weights(self.learner.policy_weights())
@@ -220,7 +219,16 @@ class Trainer:
     def _ckpt_dir(self, step: int) -> Path:
         return self.out / "checkpoints" / f"step_{step:06d}"
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> Path | None:
+        """Write ``checkpoints/step_N`` (rank 0). Under FSDP every rank must call it: the full weights and
+        optimizer state are gathered from the shards (collectives) before rank 0 writes them."""
+        full: dict[str, Any] | None = None
+        learner_state = None
+        if self.learner.fsdp:
+            full = self.learner.full_model_state()
+            learner_state = self.learner.state_dict()
+        if not self.is_main:
+            return None
         d = self._ckpt_dir(self.step)
         tmp = d.with_name(d.name + ".tmp")
         if tmp.exists():
@@ -230,11 +238,13 @@ class Trainer:
         shown = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # its shard bar would break the training bar
         try:
-            self.learner.model.save_pretrained(tmp / "model")  # full weights, or only the adapter with LoRA
+            # full weights, or only the adapter with LoRA; under FSDP the gathered full weights
+            self.learner.model.save_pretrained(tmp / "model", **({"state_dict": full} if full is not None else {}))
         finally:
             if shown:
                 hf_logging.enable_progress_bar()
-        torch.save({"learner": self.learner.state_dict(), "step": self.step,
+        torch.save({"learner": learner_state if learner_state is not None else self.learner.state_dict(),
+                    "step": self.step,
                     "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
                     "python_rng": random.getstate()}, tmp / "state.pt")
         (tmp / "history.json").write_text(json.dumps({"history": self.history, "evals": self.evals}))
@@ -263,6 +273,8 @@ class Trainer:
         if (model_dir / "adapter_config.json").exists():
             from peft import set_peft_model_state_dict
             set_peft_model_state_dict(target, weights)
+        elif self.learner.fsdp:   # full weights into the shards: every rank loads the same file
+            self.learner.load_full_model_state(weights)
         else:
             missing, unexpected = target.load_state_dict(weights, strict=False)
             real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
@@ -373,11 +385,13 @@ class Trainer:
                             batch_success=f"{batch.metrics['success_rate']:.2f}")
             if main and cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
                 self.evaluate(f"step{self.step}")
-            if main and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                self.save_checkpoint()
+            if (main or self.learner.fsdp) and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self.save_checkpoint()    # FSDP: every rank takes part in gathering the shards
         bar.close()
         self._bar = None
         if not main:   # the other ranks are done once the last update is in
+            if self.learner.fsdp:
+                self.save_checkpoint()    # rank 0's final checkpoint gathers from every rank
             self.close()
             return {"before": None, "after": None, "history": self.history, "output_dir": str(self.out)}
         final, trajs = self.evaluate("after")

@@ -42,21 +42,33 @@ UPDATE_SCRIPT = textwrap.dedent("""
             t.step_rewards = [float(i % 3)]
         return trajs
 
-    def run(algo, out):
+    def run(algo, out, fsdp=False, kl_coef=0.0, critic="head"):
         ctx = init_from_env()
         torch.manual_seed(0)
         policy = TransformersPolicy.tiny_random(seed=0)
-        learner = make_learner(algo, policy, LearnerConfig(lr=1e-3, micro_batch_size=1, seed=0))
-        m = learner.update(fixed_batch(policy))
+        batch = fixed_batch(policy)             # sampled before any sharding
+        cfg = {"critic": critic} if algo == "ppo" else {}
+        learner = make_learner(algo, policy, LearnerConfig(lr=1e-3, micro_batch_size=1, seed=0, kl_coef=kl_coef,
+                                                           **cfg), fsdp=fsdp)
+        m = learner.update(batch)
+        state = {k: v.detach().clone() for k, v in learner.full_model_state().items()}   # all ranks (FSDP)
+        if getattr(learner, "value_head", None) is not None and learner.critic is None:
+            state.update({"value_head." + k: v for k, v in learner.value_head.state_dict().items()})
+        if learner.critic is not None:
+            if fsdp:
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+                cs = get_model_state_dict(learner.critic, options=StateDictOptions(full_state_dict=True))
+            else:
+                cs = learner.critic.state_dict()
+            state.update({"critic." + k: v.detach().clone() for k, v in cs.items()})
         if ctx is None or ctx.is_main:
-            state = {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
-            if getattr(learner, "value_head", None) is not None:
-                state.update({"value_head." + k: v for k, v in learner.value_head.state_dict().items()})
-            torch.save({"state": state, "metrics": m}, out)
+            torch.save({"state": state, "metrics": m,
+                        "sharded": [type(p).__name__ for p in learner.model.parameters()][:1]}, out)
         if ctx is not None:
             dist.destroy_process_group()
 
-    run(sys.argv[1], sys.argv[2])
+    run(sys.argv[1], sys.argv[2], fsdp=len(sys.argv) > 3 and sys.argv[3] == "fsdp",
+        kl_coef=float(sys.argv[4]) if len(sys.argv) > 4 else 0.0, critic=sys.argv[5] if len(sys.argv) > 5 else "head")
 """)
 
 
@@ -86,6 +98,35 @@ def test_two_processes_match_one_on_a_fixed_global_batch(script, tmp_path, algo)
         assert a["metrics"][key] == pytest.approx(b["metrics"][key], rel=1e-5, abs=1e-6), key
 
 
+@pytest.mark.parametrize("algo,kl,critic", [("grpo", "0.1", "head"), ("ppo", "0.0", "head"), ("ppo", "0.1", "model")])
+def test_fsdp2_two_processes_match_one_process(script, tmp_path, algo, kl, critic):
+    """FSDP2 (``fully_shard``) on CPU with gloo: the policy, the KL reference and a separate critic are
+    sharded across two processes; one update on a fixed global batch equals one unsharded process."""
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    r = subprocess.run([sys.executable, str(script), algo, str(one), "plain", kl, critic], capture_output=True,
+                       text=True, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([*TORCHRUN, str(script), algo, str(two), "fsdp", kl, critic], capture_output=True, text=True,
+                       env=ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = torch.load(one), torch.load(two)
+    assert b["sharded"] == ["DTensor"] and a["sharded"] == ["Parameter"]   # the path under test really sharded
+    assert a["metrics"]["optimizer_steps"] == b["metrics"]["optimizer_steps"] == 1
+    assert set(a["state"]) == set(b["state"])
+    # AdamW's first step is lr·g/(|g| + eps): on entries whose gradient is ~eps a summation-order rounding
+    # of g (FSDP reduces per shard) moves the update by a visible fraction of lr (1e-3). So: a few entries
+    # within 1 % of lr, and (almost) all within 1e-6 as in the DDP test above.
+    diffs = torch.cat([(v - b["state"][k]).abs().reshape(-1) for k, v in a["state"].items()])
+    assert diffs.max().item() <= 1e-5, diffs.max().item()
+    assert (diffs > 1e-6).float().mean().item() <= 1e-4, (diffs > 1e-6).sum().item()
+    start = TransformersPolicy.tiny_random(seed=0).model.state_dict()
+    assert max((a["state"][k] - v).abs().max().item() for k, v in start.items()) > 1e-4   # it did learn
+    for key in ("loss", "policy_loss", "grad_norm"):
+        assert a["metrics"][key] == pytest.approx(b["metrics"][key], rel=1e-5, abs=1e-6), key
+    if critic == "model" or algo == "ppo":
+        assert a["metrics"]["value_loss"] == pytest.approx(b["metrics"]["value_loss"], rel=1e-5, abs=1e-6)
+
+
 TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4",
         "eval.episodes=2", "learner.lr=1e-3", "learner.micro_batch_size=1", "tensorboard=false",
         "env=Arithmetic-v0", "env_kwargs={hard_fraction: 0.0, max_turns: 2}"]
@@ -100,10 +141,13 @@ def _rows(out: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_torchrun_train_end_to_end_and_resume_after_a_kill(tmp_path):
+@pytest.mark.parametrize("mode", [(), ("fsdp=true", "algo=ppo", "learner.kl_coef=0.05")], ids=["ddp", "fsdp2-ppo-kl"])
+def test_torchrun_train_end_to_end_and_resume_after_a_kill(tmp_path, mode):
+    """Data-parallel (gloo all-reduce) and FSDP2 (policy, reference and optimizer state sharded; an
+    unsharded HF sampler per rank): the run, its checkpoints and a resume after SIGKILL."""
     full = tmp_path / "full"
-    r = subprocess.run(_train(full, "steps=3", "checkpoint_every=1"), capture_output=True, text=True, env=ENV,
-                       timeout=900)
+    r = subprocess.run(_train(full, "steps=3", "checkpoint_every=1", *mode), capture_output=True, text=True,
+                       env=ENV, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = _rows(full)
     assert [float(x["step"]) for x in rows] == [1.0, 2.0, 3.0]
@@ -112,7 +156,7 @@ def test_torchrun_train_end_to_end_and_resume_after_a_kill(tmp_path):
     assert (full / "curves.png").exists() and (full / "evals.json").exists()
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_train(killed, "steps=3", "checkpoint_every=1"), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(_train(killed, "steps=3", "checkpoint_every=1", *mode), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)
     deadline = time.monotonic() + 900
     try:
@@ -123,11 +167,28 @@ def test_torchrun_train_end_to_end_and_resume_after_a_kill(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-    r = subprocess.run(_train(killed, "steps=3", "checkpoint_every=1", "--resume"), capture_output=True, text=True,
-                       env=ENV, timeout=900)
+    r = subprocess.run(_train(killed, "steps=3", "checkpoint_every=1", "--resume", *mode), capture_output=True,
+                       text=True, env=ENV, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     resumed = _rows(killed)
     assert [float(x["step"]) for x in resumed] == [1.0, 2.0, 3.0]
     for a, b in zip(rows, resumed):
         for key in ("rollout/reward_mean", "train/loss", "train/grad_norm", "rollout/generated_tokens"):
             assert float(a[key]) == pytest.approx(float(b[key]), rel=1e-5, abs=1e-6), (a["step"], key)
+    # the checkpoint holds full (gathered) weights under the model's own names, whatever wrote it
+    from safetensors.torch import load_file
+    ckpt = sorted((killed / "checkpoints").glob("step_*[0-9]"))[-1] / "model"
+    saved = {}
+    for f in ckpt.glob("*.safetensors"):
+        saved.update(load_file(f))
+    start = TransformersPolicy.tiny_random(seed=0).model.state_dict()
+    assert {k: tuple(v.shape) for k, v in saved.items()} == {k: tuple(v.shape) for k, v in start.items()
+                                                             if k in saved}
+    assert len(saved) >= len(start) - 1                                  # a tied lm_head may be left out
+
+
+def test_fsdp_without_torchrun_is_a_clear_error(tmp_path, capsys):
+    from agentgym.cli import main
+    code = main(["train", *TINY, "fsdp=true", "steps=1", f"output_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code != 0 and "fsdp=true needs torchrun" in err and "Traceback" not in err
