@@ -90,10 +90,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-epochs", type=float, default=None, help="default 2 (--quick 1)")
     p.add_argument("--sft-lr", type=float, default=1e-4)
     p.add_argument("--sft-batch-size", type=int, default=4)
+    p.add_argument("--sft-model", default=None,
+                   help="reuse a finished SFT run's directory (its model/ and data_summary.json) instead of training")
     p.add_argument("--sft-baselines", action="store_true", help="also (a)/(b) with the SFT model (~2 evals more)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2 questions per type, 8 SFT episodes, 1 seed, 1 RL step of 1x2")
     p.add_argument("--keep-checkpoints", action="store_true")
+    p.add_argument("--replot", default=None, metavar="JSON",
+                   help="recompute statistics, table and PNG from a finished run's small_scale.json (no training)")
     p.add_argument("--n-boot", type=int, default=10_000)
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's; 1 on a machine other jobs load)")
@@ -229,8 +233,13 @@ def arm_stats(runs: list[list[dict]], n_boot: int) -> dict[str, Any]:
 
 
 def compare(a: list[list[dict]], b: list[list[dict]], sa: dict, sb: dict, n_boot: int) -> dict[str, Any]:
-    from agentgym.stats import paired_bootstrap_ci, verdict
+    from agentgym.stats import diff_ci, paired_bootstrap_ci, verdict
     out: dict[str, Any] = {}
+    # seed-to-seed variation, which the question bootstrap (seeds held fixed) does not cover: Welch's
+    # interval over the per-seed EMs when both arms have several seeds
+    if sa["seeds"] > 1 and sb["seeds"] > 1:
+        d = diff_ci(sa["em_per_seed"], sb["em_per_seed"])
+        out["seed_welch"] = {"diff": d[0], "ci_low": d[1], "ci_high": d[2], "verdict": verdict(d)}
     for qt in (None, *QTYPES):
         k = qt or "overall"
         x, y = per_question(a, "em", qt), per_question(b, "em", qt)
@@ -266,14 +275,18 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{s['invalid'][0]:.2f} | {s['answered'][0]:.2f} | {seeds} |")
     lines += ["", "Comparisons (paired bootstrap over questions of the EM difference; 'excludes 0' = the 95 % CI of "
               "the difference excludes 0; 'CIs overlap' = the two arms' own CIs overlap):", "",
-              "| comparison | Δ EM overall [95 % CI] | excludes 0 | CIs overlap | Δ single_hop | Δ multi_hop | Δ no_search |",
-              "|---|---|---|---|---|---|---|"]
+              "| comparison | Δ EM overall [95 % CI] | excludes 0 | CIs overlap | Δ single_hop | Δ multi_hop | Δ no_search | "
+              "Δ over seeds (Welch t, 3 v 3 runs) |",
+              "|---|---|---|---|---|---|---|---|"]
     for name, c in comps.items():
         o = c["overall"]
+        c = {k: v for k, v in c.items()}
         cell = lambda k: f"{c[k]['diff']:+.3f} [{c[k]['ci_low']:+.2f}, {c[k]['ci_high']:+.2f}]"  # noqa: E731
+        w = c.get("seed_welch")
+        welch = f"{w['diff']:+.3f} [{w['ci_low']:+.2f}, {w['ci_high']:+.2f}]" if w else "—"
         lines.append(f"| {name} | {cell('overall')} | {'yes' if o['verdict'] == 'significant' else 'no'} | "
                      f"{'yes' if o['marginal_cis_overlap'] else 'no'} | {cell('single_hop')} | {cell('multi_hop')} | "
-                     f"{cell('no_search')} |")
+                     f"{cell('no_search')} | {welch} |")
     sft = result["sft"]
     lines += ["", f"SFT warm start: {sft['kept']} oracle episodes (train split) kept of {sft['episodes']}, "
               f"{sft['steps']} optimizer steps, loss {sft['loss_first']:.3f} → {sft['loss_last']:.3f}; "
@@ -294,7 +307,13 @@ def markdown(result: dict[str, Any]) -> str:
               "start's, and masked vs unmasked or GRPO vs PPO differences this small are within what "
               f"{meta['eval_questions']} questions × {meta['seeds']} seeds can resolve only if large. The CIs cover "
               "question sampling with the seeds held fixed; with 3 seeds the seed-to-seed spread is shown, not "
-              "modelled."]
+              "modelled (last column: Welch's interval over the per-seed EMs)."]
+    weak = [LABELS.get(k, k) for k in ("none_base", "rag_base") if k in stats and stats[k]["answered"][0] < 0.5]
+    if weak:
+        lines += ["", f"Note: {', '.join(weak)} gave an `<answer>` in under half of the episodes "
+                  f"(answered column): the base model's baseline EM here measures mostly whether it follows the "
+                  "answer format, not what it knows or reads; an SFT'd model's no-search / RAG rows "
+                  "(`--sft-baselines`) separate format from retrieval."]
     return "\n".join(lines) + "\n"
 
 
@@ -342,10 +361,42 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def analyse(records: dict[str, list[list[dict]]], n_boot: int) -> tuple[dict, dict]:
+    """Per-arm statistics and the comparisons, from the per-question records."""
+    order = ["none_base", "rag_base", "sft", *[a for a, _, _ in RL_ARMS], "none_sft", "rag_sft"]
+    stats = {k: arm_stats(records[k], n_boot) for k in order if k in records}
+    comps: dict[str, Any] = {}
+    rl_keys = [a for a, _, _ in RL_ARMS if a in records]
+    for key in rl_keys:
+        for other in ("none_base", "rag_base", "sft"):
+            comps[f"{LABELS[key]} − {LABELS[other]}"] = compare(records[key], records[other], stats[key], stats[other], n_boot)
+    for x, y in (("grpo_masked", "grpo_unmasked"), ("grpo_masked", "ppo_masked")):
+        if x in records and y in records:
+            comps[f"{LABELS[x]} − {LABELS[y]}"] = compare(records[x], records[y], stats[x], stats[y], n_boot)
+    for other in ("none_base", "rag_base"):
+        comps[f"{LABELS['sft']} − {LABELS[other]}"] = compare(records["sft"], records[other], stats["sft"],
+                                                              stats[other], n_boot)
+    return stats, comps
+
+
+def replot(path: Path, out: Path, n_boot: int) -> int:
+    result = json.loads(path.read_text())
+    result["stats"], result["comparisons"] = analyse(result["records"], n_boot)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "small_scale.json").write_text(json.dumps(result, indent=1, default=float))
+    md = markdown(result)
+    (out / "small_scale.md").write_text(md)
+    plot(result, out / "small_scale.png")
+    print(md)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = parse_args(argv)
+    if args.replot:
+        return replot(Path(args.replot), Path(args.out), args.n_boot)
     if args.threads:
         os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
@@ -387,7 +438,13 @@ def main(argv: list[str] | None = None) -> int:
     # SFT warm start on oracle episodes
     log(f"SFT: {args.sft_episodes} oracle episodes (train split), {args.sft_epochs} epochs, lr {args.sft_lr}")
     t0 = time.perf_counter()
-    sft_summary, sft_cfg = run_sft(args, cfg, runs_dir)
+    if args.sft_model:   # reuse: the summary of that run (its losses are in its train_log.csv)
+        sft_dir = Path(args.sft_model)
+        sft_summary = {**json.loads((sft_dir / "data_summary.json").read_text()), "model_dir": str(sft_dir / "model"),
+                       "reused": True, "steps": float("nan"), "loss_first": float("nan"), "loss_last": float("nan")}
+        sft_cfg = None
+    else:
+        sft_summary, sft_cfg = run_sft(args, cfg, runs_dir)
     timings["sft"] = time.perf_counter() - t0
     log(f"  SFT: kept {sft_summary['kept']}/{sft_summary['episodes']}, {sft_summary['steps']} steps, loss "
         f"{sft_summary['loss_first']:.3f} -> {sft_summary['loss_last']:.3f} ({timings['sft']:.0f} s)")
@@ -412,20 +469,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  {name}: {timings[f'rl_{name}']:.0f} s, process RSS {rss_gb():.1f} GiB")
             records[key].append(timed_eval(policy, name, "agentic"))
 
-    n_boot = args.n_boot
-    order = ["none_base", "rag_base", "sft", *[a[0] for a in arms], "none_sft", "rag_sft"]
-    stats = {k: arm_stats(records[k], n_boot) for k in order if k in records}
-    comps: dict[str, Any] = {}
-    for key, _, _ in arms:
-        for other in ("none_base", "rag_base", "sft"):
-            comps[f"{LABELS[key]} − {LABELS[other]}"] = compare(records[key], records[other], stats[key], stats[other], n_boot)
-    if "grpo_masked" in records and "grpo_unmasked" in records:
-        comps[f"{LABELS['grpo_masked']} − {LABELS['grpo_unmasked']}"] = compare(
-            records["grpo_masked"], records["grpo_unmasked"], stats["grpo_masked"], stats["grpo_unmasked"], n_boot)
-    comps[f"{LABELS['sft']} − {LABELS['none_base']}"] = compare(records["sft"], records["none_base"],
-                                                                stats["sft"], stats["none_base"], n_boot)
-    comps[f"{LABELS['sft']} − {LABELS['rag_base']}"] = compare(records["sft"], records["rag_base"],
-                                                               stats["sft"], stats["rag_base"], n_boot)
+    stats, comps = analyse(records, args.n_boot)
     timings["total"] = time.perf_counter() - t_start
     meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "model": cfg.model,
             "retriever": cfg.env_kwargs.get("retriever"), "topk": cfg.env_kwargs.get("topk"),
@@ -443,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             "stats_method": "per-question EM averaged over the arm's seeds; percentile bootstrap over questions "
                             "(agentgym.stats.bootstrap_ci); comparisons: paired bootstrap over questions "
                             "(paired_bootstrap_ci); seeds held fixed. em_seed_t_ci: Student t over per-seed EM."}
-    result = {"meta": meta, "args": vars(args), "config": to_dict(cfg), "sft_config": to_dict(sft_cfg),
+    result = {"meta": meta, "args": vars(args), "config": to_dict(cfg), "sft_config": None if sft_cfg is None else to_dict(sft_cfg),
               "sft": sft_summary, "stats": stats, "comparisons": comps, "records": records, "rl": rl}
     (out / "small_scale.json").write_text(json.dumps(result, indent=1, default=float))
     md = markdown(result)
