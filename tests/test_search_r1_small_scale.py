@@ -90,16 +90,21 @@ def test_eval_machinery_scores_the_oracle():
 
 @pytest.mark.slow
 def test_small_scale_rl_beats_no_search(tmp_path):
-    """Shortened study (SmolLM2-135M, dense retriever, fixed seeds 0): SFT on 64 oracle episodes, 2 GRPO
-    steps with masking; on 30 held-out questions its EM must exceed the base model's no-search EM by
-    at least 0.10. About 10-15 min on 1 CPU thread."""
+    """Shortened study on fixed seeds (SmolLM2-135M, dense retriever, SFT seed 0 on 64 oracle episodes,
+    GRPO seed 0 with masking, 2 steps × 2×4 at Search-R1's lr 1e-6): on 30 held-out questions its EM
+    must exceed the base model's no-search EM by at least 0.20. Measured 2026-11-24 with these settings
+    (the SFT model reused from the recorded run): RL 0.300, no-search 0.000, SFT only 0.400. At lr 1e-5
+    the same seed stopped searching after one update (EM 0.100), hence Search-R1's lr here.
+    About 12 min on 1 CPU thread."""
     mod = _module()
     out = tmp_path / "out"
     rc = mod.main(["--threads", "1", "--eval-per-type", "10", "--sft-episodes", "64", "--seeds", "1",
-                   "--arms", "grpo_masked", "--steps", "2", "--n-boot", "2000",
+                   "--arms", "grpo_masked", "--steps", "2", "--groups", "2", "--group-size", "4",
+                   "--override", "learner.lr=1e-6", "--n-boot", "2000",
                    "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
     assert rc == 0
     result = _check_outputs(out, ["none_base", "rag_base", "sft", "grpo_masked"], questions=30)
     rl = result["stats"]["grpo_masked"]["em_overall"][0]
     none = result["stats"]["none_base"]["em_overall"][0]
-    assert rl >= none + 0.10, (rl, none)
+    assert rl >= none + 0.20, (rl, none)
+    assert result["stats"]["grpo_masked"]["searches"][0] > 0.3   # it still searches: not a collapse to answering
