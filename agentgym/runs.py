@@ -20,6 +20,7 @@ The check runs before any model is loaded, so the refusal is immediate.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -32,18 +33,69 @@ class RunDirError(ConfigError):
     """The output directory holds another run (a usage error: exit code 2)."""
 
 
+LOCK_NAME = ".agentgym.lock"
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of ``pid`` (``/proc/PID/stat`` field 22), to tell a live holder from a reused pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def lock_holder(path: str | Path) -> int | None:
+    """The pid of another live process writing the run in ``path`` (its lock file), else None."""
+    try:
+        pid_text, _, start = (Path(path) / LOCK_NAME).read_text().strip().partition(" ")
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return None
+    if pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None                  # stale: the writer is gone
+    except PermissionError:
+        pass                         # alive, another user's
+    if start and _process_start(pid) not in (None, start):
+        return None                  # the pid was reused by an unrelated process
+    return pid
+
+
+def release_output_dir(path: str | Path) -> None:
+    """Remove this process's lock from ``path`` (a no-op when another process or nobody holds it)."""
+    lock = Path(path) / LOCK_NAME
+    try:
+        if lock.read_text().split()[0] == str(os.getpid()):
+            lock.unlink()
+    except (OSError, IndexError):
+        pass
+
+
 def prepare_output_dir(path: str | Path, *, resume: bool = False, overwrite: bool = False,
                        command: str = "train") -> Path:
-    """Create ``path`` for a new run, or accept it for ``resume``; refuse a non-empty one otherwise."""
+    """Create ``path`` for a new run, or accept it for ``resume``; refuse a non-empty one otherwise.
+
+    The directory is then locked for this process (``.agentgym.lock``: pid and start time, removed when
+    the process ends): a second process pointed at it — ``--resume``, ``--overwrite`` or a second
+    ``agentgym compare --resume`` on the same runs — is refused while the first one lives, instead of
+    both writing (or one deleting) the same run. A lock left by a process that died is ignored."""
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other: continue the run, or replace it")
     out = Path(path).expanduser()
     if out.exists() and not out.is_dir():
         raise RunDirError(f"output_dir {out} is a file, not a directory")
-    existing = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    holder = lock_holder(out) if out.is_dir() else None
+    if holder is not None:
+        raise RunDirError(f"output_dir {out} is in use by a running process (pid {holder}); wait for it to "
+                          "finish or stop it, or pick another output_dir")
+    existing = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME) if out.is_dir() else []
     if resume:
         if not existing:
             raise RunDirError(f"--resume: {out} holds no run to continue (no checkpoint to resume from)")
+        _lock(out)
         return out
     if existing:
         if not overwrite:
@@ -57,7 +109,14 @@ def prepare_output_dir(path: str | Path, *, resume: bool = False, overwrite: boo
             else:
                 p.unlink()
     out.mkdir(parents=True, exist_ok=True)
+    _lock(out)
     return out
+
+
+def _lock(out: Path) -> None:
+    import atexit
+    (out / LOCK_NAME).write_text(f"{os.getpid()} {_process_start(os.getpid()) or ''}\n")
+    atexit.register(release_output_dir, out)
 
 
 def _versions(base: Path) -> list[Path]:

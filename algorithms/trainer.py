@@ -405,6 +405,8 @@ class Trainer:
         gain = held_out_gain(before, final)
         if gain is not None:
             (self.out / "evals.json").write_text(json.dumps(self.evals + [{"tag": "gain", **gain}], indent=1))
+        from agentgym.runs import release_output_dir
+        release_output_dir(self.out)   # finished: another process may now --resume or --overwrite it
         return {"before": before, "after": final, "history": self.history, "output_dir": str(self.out), "gain": gain}
 
     def close(self) -> None:

@@ -60,6 +60,33 @@ def test_a_second_run_never_overwrites_a_finished_one(tmp_path, capsys):
     assert main(["train", *TINY, "steps=1", f"output_dir={out}", "--overwrite", "--resume"]) == 2
 
 
+def test_a_run_directory_in_use_by_a_live_process_is_refused(tmp_path, capsys):
+    """Two processes on one run directory (a second --resume / --overwrite, or two `compare --resume` on the
+    same runs) would corrupt or delete the first one's run: refused while its writer lives."""
+    from agentgym.runs import LOCK_NAME, _process_start, lock_holder
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "steps=1", f"output_dir={out}"]) == 0
+    assert not (out / LOCK_NAME).exists()          # released when the run finished
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / LOCK_NAME).write_text(f"{writer.pid} {_process_start(writer.pid)}\n")
+        before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+        capsys.readouterr()
+        for extra in (["--overwrite"], ["--resume", "steps=2"]):
+            assert main(["train", *TINY, "steps=1", f"output_dir={out}", *extra]) == 2
+            err = capsys.readouterr().err
+            assert f"in use by a running process (pid {writer.pid})" in err and "Traceback" not in err
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before   # nothing touched
+        assert lock_holder(out) == writer.pid
+    finally:
+        writer.kill()
+        writer.wait()
+    assert lock_holder(out) is None                # the writer died: its lock is stale and ignored
+    (out / LOCK_NAME).write_text(f"{writer.pid} 1\n")
+    assert main(["train", *TINY, "steps=2", f"output_dir={out}", "--resume"]) == 0
+    assert [r["step"] for r in _rows(out)] == ["1.0", "2.0"]
+
+
 @pytest.mark.parametrize("override, key", [("steps=-3", "steps"), ("group_size=0", "group_size"),
                                            ("sampling.top_p=1.5", "top_p"), ("sampling.temperature=0", "temperature"),
                                            ("learner.lr=-1", "lr"), ("algo=foo", "algo"), ("env=NoSuch-v0", "env"),
