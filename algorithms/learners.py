@@ -857,6 +857,7 @@ class Learner:
         self.ref_model = None
         if base_copy is not None:
             self.ref_model = base_copy.eval().requires_grad_(False)
+        self._sharded: list[nn.Module] = []   # the FSDP2-sharded modules (empty without fsdp)
         if self.fsdp:
             self._shard()
         if cfg.gradient_checkpointing:
@@ -886,7 +887,7 @@ class Learner:
             raise ValueError("fsdp=true with learner.lora is not supported yet: sharding the PEFT wrapper and "
                              "merging adapters across shards is not built; use LoRA without fsdp, or fsdp without LoRA")
         from agentgym.algorithms.distributed import apply_fsdp2
-        self._sharded = [apply_fsdp2(self.model)]
+        self._sharded.append(apply_fsdp2(self.model))
         if self.ref_model is not None:
             self._sharded.append(apply_fsdp2(self.ref_model))
         if self._critic is not None and self._critic.model is not None:
@@ -894,7 +895,7 @@ class Learner:
 
     def _fsdp_managed(self) -> set[int]:
         """ids of the parameters whose gradients FSDP reduces itself."""
-        return {id(p) for m in getattr(self, "_sharded", []) for p in m.parameters()}
+        return {id(p) for m in self._sharded for p in m.parameters()}
 
     def full_model_state(self) -> dict[str, torch.Tensor]:
         """The trained policy's full (unsharded) weights. Under FSDP every rank must call this (it
@@ -1066,16 +1067,17 @@ class Learner:
 
     def load_full_model_state(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Load full (unsharded) policy weights, e.g. from a checkpoint; under FSDP into each rank's
-        shards (every rank calls it with the same weights). A tied ``lm_head.weight`` may be absent."""
+        shards (every rank calls it with the same weights). A tied ``lm_head.weight`` may be absent; any
+        other missing or unexpected name is refused (RuntimeError) before anything is loaded."""
+        expected = set(self.model.state_dict())
+        missing = sorted(k for k in expected - set(weights) if not k.endswith("lm_head.weight"))
+        unexpected = sorted(set(weights) - expected)
+        if missing or unexpected:
+            raise RuntimeError(f"missing {missing[:3]}, unexpected {unexpected[:3]}")
         if not self.fsdp:
             self.model.load_state_dict(dict(weights), strict=False)
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        expected = set(self.model.state_dict())
-        missing = [k for k in expected - set(weights) if not k.endswith("lm_head.weight")]
-        unexpected = sorted(set(weights) - expected)
-        if missing or unexpected:
-            raise RuntimeError(f"weights do not match the model: missing {sorted(missing)[:3]}, unexpected {unexpected[:3]}")
         set_model_state_dict(self.model, dict(weights), options=StateDictOptions(full_state_dict=True, strict=False))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

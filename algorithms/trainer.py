@@ -222,11 +222,9 @@ class Trainer:
     def save_checkpoint(self) -> Path | None:
         """Write ``checkpoints/step_N`` (rank 0). Under FSDP every rank must call it: the full weights and
         optimizer state are gathered from the shards (collectives) before rank 0 writes them."""
-        full: dict[str, Any] | None = None
-        learner_state = None
-        if self.learner.fsdp:
-            full = self.learner.full_model_state()
-            learner_state = self.learner.state_dict()
+        fsdp = self.learner.fsdp
+        full = self.learner.full_model_state() if fsdp else None
+        learner_state = self.learner.state_dict() if fsdp or self.is_main else None
         if not self.is_main:
             return None
         d = self._ckpt_dir(self.step)
@@ -243,8 +241,7 @@ class Trainer:
         finally:
             if shown:
                 hf_logging.enable_progress_bar()
-        torch.save({"learner": learner_state if learner_state is not None else self.learner.state_dict(),
-                    "step": self.step,
+        torch.save({"learner": learner_state, "step": self.step,
                     "torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(),
                     "python_rng": random.getstate()}, tmp / "state.pt")
         (tmp / "history.json").write_text(json.dumps({"history": self.history, "evals": self.evals}))
@@ -269,18 +266,14 @@ class Trainer:
         weights = {}
         for f in sorted(model_dir.glob("*.safetensors")):
             weights.update(load_file(f))
-        target = self.learner.model
         if (model_dir / "adapter_config.json").exists():
             from peft import set_peft_model_state_dict
-            set_peft_model_state_dict(target, weights)
-        elif self.learner.fsdp:   # full weights into the shards: every rank loads the same file
-            self.learner.load_full_model_state(weights)
-        else:
-            missing, unexpected = target.load_state_dict(weights, strict=False)
-            real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
-            if real_missing or unexpected:
-                raise RuntimeError(f"checkpoint {d} does not match the model: missing {real_missing[:3]}, "
-                                   f"unexpected {unexpected[:3]}")
+            set_peft_model_state_dict(self.learner.model, weights)
+        else:   # under FSDP into each rank's shards: every rank loads the same file
+            try:
+                self.learner.load_full_model_state(weights)
+            except RuntimeError as e:
+                raise RuntimeError(f"checkpoint {d} does not match the model: {e}") from None
         state = torch.load(d / "state.pt", weights_only=False)
         if "learner" not in state:
             raise FileNotFoundError(f"checkpoint {d} holds weights only (not the newest one); resume needs the newest")
