@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Sequence
 
 import torch
@@ -22,16 +23,41 @@ class TransformersPolicy:
     ``model`` (the torch module) is what a colocated learner trains in place: then
     :meth:`sync_weights` has nothing to copy.
 
+    **KV reuse across turns.** An agent's next prompt extends its last one: prompt + the sampled ids +
+    the env's new tokens. ``generate`` keeps the KV cache only within a call, so every turn would
+    prefill the whole history again (on this CPU a 5-turn SearchQA episode spends most of its
+    generate time there). After each call the policy keeps each sequence's keys/values (an
+    LRU store bounded by ``kv_cache_tokens``); a later prompt that starts with a stored sequence
+    reuses it, and only the new tokens are prefilled. Batches mix episodes: the stored caches are
+    left-padded into one cache whose length is the shortest cached share over the batch (the rest is
+    recomputed). Correctness guards: an entry is used once (the next turn stores a longer one); the
+    store is dropped whenever any parameter changes in place (tensor version counters, so an
+    optimizer step or ``load_state_dict`` can never leave stale keys, with or without
+    :meth:`sync_weights`); only plain full-attention caches are reused. Log-probs match a
+    recomputation from scratch to float rounding (tested).
+
     Args:
         model: a ``transformers`` causal LM (already on its device).
         tokenizer: its tokenizer.
         max_batch_size: prompts per forward batch (longer lists are split).
+        reuse_kv: keep sequences' KV caches between calls (see above); False recomputes every prompt.
+        kv_cache_tokens: the most tokens kept in the store (SmolLM2-135M: 46 KB per token in fp32).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, name: str | None = None):
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, name: str | None = None,
+                 reuse_kv: bool = True, kv_cache_tokens: int = 32768):
+        if kv_cache_tokens < 0:
+            raise ValueError(f"kv_cache_tokens must be >= 0 (got {kv_cache_tokens})")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.reuse_kv = bool(reuse_kv)
+        self.kv_cache_tokens = int(kv_cache_tokens)
+        self._kv: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        self._kv_tokens = 0
+        self._kv_weights: tuple[int, ...] | None = None
+        #: tokens whose keys/values came from the store instead of a prefill (for benchmarks and logs)
+        self.kv_reused_tokens = 0
         self.name = name or getattr(getattr(model, "config", None), "_name_or_path", "model")
         eos = {tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -68,6 +94,7 @@ class TransformersPolicy:
             if any(id(p) in mine for p in weights.parameters()):
                 return 0.0
             weights = weights.state_dict().items()
+        self.clear_kv_cache()
         state = {k: v for k, v in weights}
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
@@ -77,7 +104,91 @@ class TransformersPolicy:
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        """Nothing to release (the module is garbage-collected with the policy)."""
+        """Drops the KV store (the module is garbage-collected with the policy)."""
+        self.clear_kv_cache()
+
+    # --- KV reuse across turns -------------------------------------------------------------------------
+
+    def clear_kv_cache(self) -> None:
+        """Forget every stored sequence cache (done automatically when the weights change)."""
+        self._kv.clear()
+        self._kv_tokens = 0
+
+    def _weights_version(self) -> tuple[int, ...]:
+        # In-place updates (optimizer steps, load_state_dict, LoRA merges) bump a tensor's version counter.
+        return tuple(p._version for p in self.model.parameters())
+
+    def _take_cached(self, prompt: Sequence[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """The longest stored prefix of ``prompt`` (shorter than it), removed from the store."""
+        best, best_len = None, 0
+        n = len(prompt)
+        for key in self._kv:
+            k = len(key)
+            if best_len < k < n and tuple(prompt[:k]) == key:
+                best, best_len = key, k
+        if best is None:
+            return 0, None
+        self._kv_tokens -= best_len
+        return best_len, self._kv.pop(best)
+
+    def _store(self, key: tuple[int, ...], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        if not key or len(key) > self.kv_cache_tokens:
+            return
+        if key in self._kv:
+            self._kv_tokens -= len(key)
+            del self._kv[key]
+        self._kv[key] = layers
+        self._kv_tokens += len(key)
+        while self._kv_tokens > self.kv_cache_tokens:
+            old, _ = self._kv.popitem(last=False)
+            self._kv_tokens -= len(old)
+
+    def _merged_cache(self, prompts: Sequence[Sequence[int]], width: int) -> Any:
+        """One left-padded cache for the batch from the stored per-sequence caches, or None.
+
+        Row r is ``pad_r`` pads + its prompt; the batch cache covers the first ``P`` positions of every
+        row, ``P = min_r(pad_r + cached_r)``: for row r that is ``P - pad_r`` cached tokens after the
+        pads (zeros under a zero attention mask). Positions are taken from the attention mask, so a
+        cached key computed at its token's real position stays valid under any padding."""
+        from transformers import DynamicCache
+        taken = [self._take_cached(p) for p in prompts]
+        if not any(c for c, _ in taken):
+            return None
+        P = min(width - len(p) + c for p, (c, _) in zip(prompts, taken))
+        if P <= 0:
+            return None
+        ref = next(layers for _, layers in taken if layers is not None)
+        merged = []
+        for li in range(len(ref)):
+            k0, v0 = ref[li]
+            keys = k0.new_zeros((len(prompts), k0.shape[0], P, k0.shape[-1]))
+            vals = v0.new_zeros((len(prompts), v0.shape[0], P, v0.shape[-1]))
+            for r, (p, (c, layers)) in enumerate(zip(prompts, taken)):
+                pad = width - len(p)
+                use = P - pad
+                if layers is None or use <= 0:
+                    continue
+                keys[r, :, pad:P] = layers[li][0][:, :use]
+                vals[r, :, pad:P] = layers[li][1][:, :use]
+            merged.append((keys, vals))
+        self.kv_reused_tokens += sum(max(0, P - (width - len(p))) for p in prompts)
+        return DynamicCache(ddp_cache_data=merged)
+
+    def _keep_caches(self, cache: Any, prompts: Sequence[Sequence[int]], width: int,
+                     kept: Sequence[Sequence[int]]) -> None:
+        """Store each row's keys/values for ``prompt + kept ids`` minus the last id (never forwarded)."""
+        from transformers.cache_utils import DynamicLayer
+        layers = getattr(cache, "layers", None)
+        if not layers or any(type(layer) is not DynamicLayer for layer in layers):
+            return  # sliding-window / hybrid / quantized caches: not reused
+        for r, (p, ids) in enumerate(zip(prompts, kept)):
+            seq = list(p) + list(ids[:-1]) if ids else list(p)
+            pad = width - len(p)
+            end = pad + len(seq)
+            if end > layers[0].keys.shape[-2]:
+                continue
+            self._store(tuple(seq), [(layer.keys[r, :, pad:end].clone(), layer.values[r, :, pad:end].clone())
+                                     for layer in layers])
 
     @property
     def device(self) -> torch.device:
@@ -110,6 +221,13 @@ class TransformersPolicy:
                 input_ids[r, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
                 attention[r, width - len(p):] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        past = None
+        if self.reuse_kv:
+            version = self._weights_version()
+            if version != self._kv_weights:
+                self.clear_kv_cache()
+                self._kv_weights = version
+            past = self._merged_cache(prompts, width)
         if sp.seed is not None:
             torch.manual_seed(sp.seed)
         kwargs: dict[str, Any] = dict(max_new_tokens=sp.max_new_tokens, return_dict_in_generate=True,
@@ -118,6 +236,8 @@ class TransformersPolicy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         else:
             kwargs.update(do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or None)
+        if past is not None:
+            kwargs["past_key_values"] = past
         if sp.stop:
             kwargs["stopping_criteria"] = StoppingCriteriaList([self._stop_criterion(tuple(sp.stop))])
         was_training = self.model.training
@@ -138,6 +258,8 @@ class TransformersPolicy:
             ids = ids[:end]
             gens.append(Generation(ids, logp[r, :end].tolist(),
                                    self.tokenizer.decode(ids, skip_special_tokens=True), reason))
+        if self.reuse_kv and self.kv_cache_tokens:
+            self._keep_caches(res.past_key_values, prompts, width, [g.token_ids for g in gens])
         return gens
 
 

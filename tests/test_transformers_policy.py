@@ -185,3 +185,104 @@ def test_real_smollm2_knows_the_capital_of_france():
     assert "Paris" in g.text, g.text
     assert g.finish_reason in ("eos", "length") and len(g.token_ids) <= 20
     assert all(lp <= 0 for lp in g.logprobs)
+
+
+# --- KV reuse across turns ----------------------------------------------------------------------------
+
+def _extend(tok, prompts, gens, texts):
+    return [list(p) + list(g.token_ids) + tok.encode(t, add_special_tokens=False)
+            for p, g, t in zip(prompts, gens, texts)]
+
+
+def _three_turns(pol: TransformersPolicy, tok, sp: SamplingParams):
+    """Three turns of chat-like episodes of very different lengths; turn 3 adds a fresh prompt to the batch."""
+    prompts = chat_prompts(tok)
+    g1 = pol.generate(prompts, sp)
+    p2 = _extend(tok, prompts, g1, [" ok.", " Tool says: 408 and more text " * 3, "\n"])
+    g2 = pol.generate(p2, sp)
+    p3 = _extend(tok, p2, g2, [" again", " x", " Results: " + "lorem " * 20]) + [prompts[1]]
+    g3 = pol.generate(p3, sp)
+    return [p2, p3], g1 + g2 + g3
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_kv_reuse_across_turns_changes_nothing_but_the_work(tok, greedy):
+    """Later turns reuse the stored caches (counted), and give the same ids and log-probs as recomputing
+    every prompt (fresh policy objects over the same module: nothing shared), which also match an
+    unpadded forward pass."""
+    model = tiny_policy().model
+    sp = SamplingParams(max_new_tokens=8, greedy=greedy, temperature=0.8, seed=3)
+    with_kv = TransformersPolicy(model, tok)
+    without = TransformersPolicy(model, tok, reuse_kv=False)
+    prompts_a, gens_a = _three_turns(with_kv, tok, sp)
+    prompts_b, gens_b = _three_turns(without, tok, sp)
+    assert with_kv.kv_reused_tokens > 100 and without.kv_reused_tokens == 0 and not without._kv
+    for a, b in zip(gens_a, gens_b):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert prompts_a == prompts_b
+    turn3 = gens_a[6:]
+    for p, g in zip(prompts_a[1], turn3):
+        assert torch.allclose(torch.tensor(g.logprobs), fresh_logprobs(with_kv, p, g.token_ids, 1.0 if greedy else 0.8),
+                              atol=1e-4)
+
+
+def test_kv_store_is_dropped_when_weights_change(tok):
+    """An optimizer step between turns (no sync_weights call) must not leave stale keys: turn 2 equals a
+    recomputation with the new weights, and nothing was reused."""
+    pol = TransformersPolicy.tiny_random(tok, seed=5)
+    sp = SamplingParams(max_new_tokens=6, greedy=True)
+    prompts = chat_prompts(tok)
+    g1 = pol.generate(prompts, sp)
+    assert pol._kv
+    opt = torch.optim.SGD(pol.model.parameters(), lr=0.5)
+    loss = pol.model(torch.tensor([prompts[0]])).logits.float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    p2 = _extend(tok, prompts, g1, [" next"] * 3)
+    reused = pol.kv_reused_tokens
+    g2 = pol.generate(p2, sp)
+    assert pol.kv_reused_tokens == reused
+    for p, g in zip(p2, g2):
+        assert torch.allclose(torch.tensor(g.logprobs), fresh_logprobs(pol, p, g.token_ids, 1.0), atol=1e-4)
+    # sync_weights from another module's weights clears the store too
+    other = TransformersPolicy.tiny_random(tok, seed=6)
+    pol.sync_weights(other.model)
+    assert not pol._kv
+
+
+def test_kv_store_is_bounded(tok):
+    pol = TransformersPolicy(tiny_policy().model, tok, kv_cache_tokens=120)
+    prompts = chat_prompts(tok)
+    pol.generate(prompts, SamplingParams(max_new_tokens=4, greedy=True))
+    assert 0 < pol._kv_tokens <= 120 and pol._kv_tokens == sum(len(k) for k in pol._kv)
+    assert TransformersPolicy(tiny_policy().model, tok, kv_cache_tokens=0).generate(
+        prompts, SamplingParams(max_new_tokens=2, greedy=True))
+    with pytest.raises(ValueError, match="kv_cache_tokens"):
+        TransformersPolicy(tiny_policy().model, tok, kv_cache_tokens=-1)
+
+
+@pytest.mark.parametrize("style", ["chat", "continuation"])
+def test_kv_reuse_in_real_multi_turn_rollouts(tok, style):
+    """The rollout engine on a multi-turn env (Arithmetic-v0: the tiny model's garbage earns "invalid
+    action" turns): identical, token-faithful trajectories with and without reuse, and reuse happened."""
+    from agentgym.rollout import RolloutConfig, RolloutEngine
+    from fixtures_llm import assert_faithful
+    model = tiny_policy().model
+    out = {}
+    for reuse in (True, False):
+        pol = TransformersPolicy(model, tok, reuse_kv=reuse)
+        cfg = RolloutConfig(sampling=SamplingParams(max_new_tokens=12, temperature=1.0, seed=11), style=style,
+                            debug_checks=True)
+        engine = RolloutEngine(pol, cfg)
+        try:
+            out[reuse] = (engine.collect("agentgym/Arithmetic-v0", num_groups=3, group_size=2, seed=4),
+                          pol.kv_reused_tokens)
+        finally:
+            engine.close()
+    (a, reused), (b, _) = out[True], out[False]
+    assert reused > 0 and max(len(t.turn_spans) for t in a.trajectories) >= 3
+    for ta, tb in zip(a.trajectories, b.trajectories):
+        assert ta.token_ids == tb.token_ids and ta.loss_mask == tb.loss_mask
+        assert ta.logprobs == pytest.approx(tb.logprobs, abs=1e-5)
+        assert_faithful(ta, tok, style)
