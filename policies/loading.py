@@ -93,45 +93,49 @@ def load_tokenizer_for(spec: str) -> Any:
     return load_tokenizer(str(_output_model_dir(p)) if p.is_dir() else spec)  # outputs hold their tokenizer
 
 
-def load_trained_policy(spec: str, *, device: str | None = None, dtype: Any = None, seed: int = 0) -> Any:
+def load_trained_policy(spec: str, *, device: str | None = None, dtype: Any = None, seed: int = 0,
+                        **options: Any) -> Any:
     """A :class:`~agentgym.policies.transformers_policy.TransformersPolicy` from any model spec.
 
     LoRA checkpoints come back merged into their base (a plain model: the next stage may add its
-    own adapter). ``seed`` only matters for ``tiny-random``.
+    own adapter). ``seed`` only matters for ``tiny-random``. ``options`` go to the policy
+    (``max_batch_size``, ``reuse_kv``, ``kv_cache_tokens``).
     """
     from agentgym.policies.models import load_model
     from agentgym.policies.transformers_policy import TransformersPolicy
     if spec == TINY_RANDOM:
-        return TransformersPolicy.tiny_random(seed=seed)
+        return TransformersPolicy.tiny_random(seed=seed, **options)
     ckpt = trainer_checkpoint(spec)
     if ckpt is not None:
         base, base_seed = _run_base(ckpt.parent.parent / "config.yaml")
         model_dir = ckpt / "model"
         if (model_dir / "adapter_config.json").exists():
-            return _merged_adapter(model_dir, base, base_seed, spec, device, dtype)
-        return TransformersPolicy(load_model(str(model_dir), device=device, dtype=dtype), load_tokenizer_for(base), name=spec)
+            return _merged_adapter(model_dir, base, base_seed, spec, device, dtype, options)
+        return TransformersPolicy(load_model(str(model_dir), device=device, dtype=dtype), load_tokenizer_for(base),
+                                  name=spec, **options)
     p = Path(spec).expanduser()
     if p.is_dir():
         model_dir = _output_model_dir(p)
         if (model_dir / "adapter_config.json").exists() and not (model_dir / "config.json").exists():
             # an SFT / DPO output kept as an adapter (merge_lora=false): its run config names the base
             base, base_seed = _run_base(model_dir.parent / "config.yaml")
-            return _merged_adapter(model_dir, base, base_seed, spec, device, dtype)
+            return _merged_adapter(model_dir, base, base_seed, spec, device, dtype, options)
         if not (model_dir / "config.json").exists():
             raise FileNotFoundError(f"{p} holds no model (no config.json, no model/ folder, no checkpoints/); "
                                     "did the run that writes it finish?")
-        return TransformersPolicy.from_pretrained(str(model_dir), device=device, dtype=dtype)
-    return TransformersPolicy.from_pretrained(spec, device=device, dtype=dtype)
+        return TransformersPolicy.from_pretrained(str(model_dir), device=device, dtype=dtype, **options)
+    return TransformersPolicy.from_pretrained(spec, device=device, dtype=dtype, **options)
 
 
-def _merged_adapter(adapter_dir: Path, base: str, base_seed: int, name: str, device: str | None, dtype: Any) -> Any:
+def _merged_adapter(adapter_dir: Path, base: str, base_seed: int, name: str, device: str | None, dtype: Any,
+                    options: dict[str, Any]) -> Any:
     """The base model spec's policy with the LoRA adapter in ``adapter_dir`` merged in."""
     from peft import PeftModel
 
     from agentgym.policies.transformers_policy import TransformersPolicy
     policy = load_trained_policy(base, device=device, dtype=dtype, seed=base_seed)
     merged = PeftModel.from_pretrained(policy.model, str(adapter_dir)).merge_and_unload()
-    return TransformersPolicy(merged.eval(), policy.tokenizer, name=name)
+    return TransformersPolicy(merged.eval(), policy.tokenizer, name=name, **options)
 
 
 def export_model(model: Any, tokenizer: Any, out_dir: str | Path, *, merge_lora: bool = True) -> Path:
@@ -267,7 +271,9 @@ def load_policy(spec: str, backend: str | None = None, *, env_id: str | None = N
     if isinstance(dtype, str):
         import torch
         dtype = getattr(torch, dtype)
-    return load_trained_policy(spec, device=device, dtype=dtype, seed=seed)
+    from agentgym.policies.transformers_policy import check_options
+    check_options(options)
+    return load_trained_policy(spec, device=device, dtype=dtype, seed=seed, **options)
 
 
 def resolve_backend(backend: str | None, notice: Any = None) -> str:

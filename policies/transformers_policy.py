@@ -12,7 +12,17 @@ from agentgym.policy import Generation, SamplingParams, cut_at_stop
 
 from agentgym.policies.models import DEFAULT_MODEL, load_model, load_tokenizer, tiny_random_model
 
-__all__ = ["TransformersPolicy", "load"]
+__all__ = ["TransformersPolicy", "load", "check_options", "OPTIONS"]
+
+#: what ``load_policy(spec, "hf", **options)`` accepts (the constructor's keyword options)
+OPTIONS = ("max_batch_size", "reuse_kv", "kv_cache_tokens")
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """A clear error for an option the hf backend does not have (instead of silently ignoring it)."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown hf backend option(s) {unknown}; the hf backend takes {list(OPTIONS)}")
 
 
 class TransformersPolicy:
@@ -266,5 +276,6 @@ class TransformersPolicy:
 def load(model_dir: str, *, tokenizer: Any = None, device: str | None = None, dtype: Any = None, seed: int = 0,
          **options: Any) -> TransformersPolicy:
     """The ``hf`` entry of :data:`agentgym.policies.loading.POLICY_BACKENDS`."""
+    check_options(options)
     model = load_model(model_dir, device=device, dtype=dtype)
     return TransformersPolicy(model, tokenizer if tokenizer is not None else load_tokenizer(model_dir), **options)

@@ -118,3 +118,10 @@ def test_one_loader_and_its_backend_registry():
     finally:
         del POLICY_BACKENDS["missing"]
     assert issubclass(BackendUnavailable, ImportError)
+
+
+def test_hf_backend_options_reach_the_policy_and_unknown_ones_are_refused():
+    pol = load_policy("tiny-random", "hf", reuse_kv=False, kv_cache_tokens=64, max_batch_size=3)
+    assert (pol.reuse_kv, pol.kv_cache_tokens, pol.max_batch_size) == (False, 64, 3)
+    with pytest.raises(ValueError, match=r"unknown hf backend option\(s\) \['gpu_memory_utilization'\]"):
+        load_policy("tiny-random", "hf", gpu_memory_utilization=0.5)
