@@ -564,6 +564,9 @@ class RolloutEngine:
         if n:
             schedule = self._run_async if self.config.mode == "async" else self._run_lockstep
             schedule(run, envs)
+        release = getattr(self.policy, "clear_kv_cache", None)
+        if callable(release):   # every episode has ended: per-sequence caches (hf KV reuse) are dead weight
+            release()
 
         trajs = [ep.traj for ep in episodes]
         group_reward = env_attr(envs[0], "group_reward")

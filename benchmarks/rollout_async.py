@@ -18,6 +18,8 @@ Policies: ``tiny-random`` (2-layer random Llama, real SmolLM2 tokenizer: generat
 garbage rarely reaches the tools), ``smollm2`` (SmolLM2-135M-Instruct, fp32) and ``scripted`` (each
 env's oracle; for CodeExec two failing drafts, then the reference, one of the three programs sleeping
 1 s: generation ≈ 0, so the row isolates env-step overlap, like a fast inference engine would).
+Backends: ``hf`` (KV reuse across turns, the default), ``hf-nokv`` (the same with ``reuse_kv=False``:
+every turn prefills the whole history, as before issue 14's KV reuse) and ``vllm`` (prefix cache).
 Torch threads are set explicitly (``--threads``).
 """
 
@@ -73,12 +75,13 @@ def load(policy: str, backend: str, env_id: str, cache: dict[tuple[str, str], An
     if (policy, backend) not in cache:
         from agentgym.policies.loading import load_policy, resolve_backend
         notes: list[str] = []
-        if resolve_backend(backend, notice=notes.append) != backend:
+        engine, options = ("hf", {"reuse_kv": False}) if backend == "hf-nokv" else (backend, {})
+        if resolve_backend(engine, notice=notes.append) != engine:
             print(f"[skip] {policy}/{backend}: {notes[0] if notes else 'unavailable'}", flush=True)
             cache[(policy, backend)] = None
         else:
             t0 = time.perf_counter()
-            cache[(policy, backend)] = load_policy(policy, backend=backend, dtype=torch.float32)
+            cache[(policy, backend)] = load_policy(policy, backend=engine, dtype=torch.float32, **options)
             print(f"[load] {policy}/{backend}: {time.perf_counter() - t0:.1f} s", flush=True)
     return cache[(policy, backend)]
 
@@ -136,7 +139,7 @@ def run_pair(policy: Any, env_id: str, env_kwargs: dict[str, Any], episodes: int
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--policies", default="tiny-random,smollm2,scripted")
-    ap.add_argument("--backends", default="hf", help="hf and/or vllm (vllm rows are skipped where it does not import)")
+    ap.add_argument("--backends", default="hf", help="hf, hf-nokv and/or vllm (vllm rows are skipped where it does not import)")
     ap.add_argument("--envs", default="math,searchqa,codeexec,codeexec-bwrap")
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default: per env, 64 or 128)")

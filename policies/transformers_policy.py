@@ -99,12 +99,12 @@ class TransformersPolicy:
         module, or a PEFT wrapper around it: the weights are already in place and nothing is copied."""
         import time
         t0 = time.perf_counter()
+        self.clear_kv_cache()
         if isinstance(weights, torch.nn.Module):
             mine = {id(p) for p in self.model.parameters()}
             if any(id(p) in mine for p in weights.parameters()):
                 return 0.0
             weights = weights.state_dict().items()
-        self.clear_kv_cache()
         state = {k: v for k, v in weights}
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings

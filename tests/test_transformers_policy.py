@@ -245,9 +245,14 @@ def test_kv_store_is_dropped_when_weights_change(tok):
     assert pol.kv_reused_tokens == reused
     for p, g in zip(p2, g2):
         assert torch.allclose(torch.tensor(g.logprobs), fresh_logprobs(pol, p, g.token_ids, 1.0), atol=1e-4)
-    # sync_weights from another module's weights clears the store too
+    # sync_weights clears the store, whether it copies weights or the module is already its own
     other = TransformersPolicy.tiny_random(tok, seed=6)
+    assert pol._kv
     pol.sync_weights(other.model)
+    assert not pol._kv
+    pol.generate(p2, sp)
+    assert pol._kv
+    pol.sync_weights(pol.model)
     assert not pol._kv
 
 
@@ -278,6 +283,7 @@ def test_kv_reuse_in_real_multi_turn_rollouts(tok, style):
         try:
             out[reuse] = (engine.collect("agentgym/Arithmetic-v0", num_groups=3, group_size=2, seed=4),
                           pol.kv_reused_tokens)
+            assert not pol._kv and pol._kv_tokens == 0   # every episode ended: the store was released
         finally:
             engine.close()
     (a, reused), (b, _) = out[True], out[False]
