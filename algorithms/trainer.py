@@ -85,6 +85,8 @@ class TrainConfig(RolloutViews):
     # > 0: that many generation engines as Ray actors (data-parallel over episodes), weights pushed
     # to all of them after every update (on the cluster of rollout.ray_address; None: a local one)
     rollout_workers: int = 0
+    # how those pushes travel: auto, collective (gloo / NCCL broadcast) or object_store (see policies/ray_pool.py)
+    weight_transfer: str = "auto"
     # weights' dtype: None = bf16 on CUDA, fp32 on CPU. "float32" keeps fp32 master weights (bf16
     # autocast still applies with learner.bf16): at lr 1e-6 an AdamW step is far below bf16's resolution.
     dtype: str | None = None
@@ -109,6 +111,8 @@ class TrainConfig(RolloutViews):
             _torch_dtype(self.dtype)
         if self.rollout_workers < 0:
             raise ValueError(f"rollout_workers must be >= 0, got {self.rollout_workers}")
+        from agentgym.policies.ray_pool import check_weight_transfer
+        check_weight_transfer(self.weight_transfer)
         if self.backend not in (None, "hf", "vllm"):
             raise ValueError(f"backend must be hf, vllm or null (default), got {self.backend!r}")
         lt = self.learner.temperature
@@ -184,7 +188,7 @@ class Trainer:
         if cfg.rollout_workers > 0:         # engines in Ray actors
             from agentgym.policies.ray_pool import RayPolicyPool
             self.policy = RayPolicyPool(cfg.model, num_workers=cfg.rollout_workers, backend=backend, seed=cfg.seed,
-                                        address=cfg.rollout.ray_address)
+                                        address=cfg.rollout.ray_address, weight_transfer=cfg.weight_transfer)
         elif backend == "hf" and not cfg.fsdp:
             self.policy = policy            # colocated: samples with the module being trained
         else:                               # a separate engine, loaded from the same weights (under FSDP an

@@ -4,12 +4,16 @@
    the per-step overhead of an actor call (a no-op ``get_wrapper_attr`` round trip).
 2. Generation: 2 Ray rollout workers vs 1 in-process engine (transformers, SmolLM2-135M or tiny).
 3. Learner step: 2-process DDP (gloo, torchrun) vs 1 process on the same global batch (tiny model).
+4. Weight push to 2 Ray rollout workers: Ray's object store vs the collective (gloo broadcast of packed
+   buckets; also one broadcast per tensor), the same pool and weights, median of ``--pushes`` pushes
+   after a warm-up push each (the first collective push, which opens the group, is reported apart).
 
 On a 2-core machine none of these can show a speed-up from parallelism (2 workers share 2 cores with
 the driver); they measure the *overhead* of the distributed machinery. Speed-ups need more cores, GPUs
 or machines. Usage::
 
     python benchmarks/scale_out.py --model smollm2 --out benchmarks/results/scale_out.json
+    python benchmarks/scale_out.py --sections weight_push --out benchmarks/results/scale_out_weight_push.json
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ def bench_generation(model: str, batch: int, new_tokens: int) -> dict:
     wall = time.perf_counter() - t0
     out["in_process_2_threads"] = {"wall_s": wall, "tokens_per_s": sum(len(g.token_ids) for g in gens) / wall}
     del local
-    pool = RayPolicyPool(model, num_workers=2, threads_per_worker=1)
+    pool = RayPolicyPool(model, num_workers=2, threads_per_worker=1, weight_transfer="object_store")
     try:
         pool.generate(prompts[:2], sp.replace(max_new_tokens=2))
         t0 = time.perf_counter()
@@ -133,21 +137,69 @@ def bench_ddp() -> dict:
         return out
 
 
+def bench_weight_push(model: str, pushes: int) -> dict:
+    import statistics
+
+    import torch
+
+    from agentgym.policies.loading import load_policy
+    from agentgym.policies.ray_pool import RayPolicyPool, plan_buckets
+    torch.set_num_threads(1)
+    weights = load_policy(model, "hf").model
+    named = list(weights.state_dict().items())
+    _, sizes = plan_buckets(named, 256 * 2**20)
+    out = {"model": model, "tensors": len(named), "wire_mb": sum(sizes) / 2**20, "buckets_256mb": len(sizes),
+           "params": sum(p.numel() for p in weights.parameters()), "dtype": str(next(weights.parameters()).dtype)}
+    variants = (("object_store", "object_store", 256), ("collective_gloo", "collective", 256),
+                ("collective_gloo_per_tensor", "collective", 0))
+    pool = RayPolicyPool(model, num_workers=2, threads_per_worker=1, weight_transfer="object_store")
+    try:
+        def push(transfer: str, bucket_mb: int) -> float:
+            pool.weight_transfer, pool.bucket_bytes = transfer, bucket_mb * 2**20
+            return pool.sync_weights(weights)
+        for name, transfer, bucket_mb in variants:                      # warm-up (the group opens here)
+            t = push(transfer, bucket_mb)
+            if name == "collective_gloo":
+                out["collective_first_push_s"] = t
+        times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+        loads: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+        for _ in range(pushes):                                          # interleaved: same load for all
+            for name, transfer, bucket_mb in variants:
+                times[name].append(push(transfer, bucket_mb))
+                loads[name].append(pool.last_load_s)
+        out["backend"] = pool.collective_backend
+        for name, _, _ in variants:     # load_s: the slowest actor's load_state_dict, part of the push
+            out[name] = {"median_s": statistics.median(times[name]), "all_s": times[name],
+                         "median_load_s": statistics.median(loads[name])}
+        out["collective_over_object_store"] = out["collective_gloo"]["median_s"] / out["object_store"]["median_s"]
+    finally:
+        pool.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--pushes", type=int, default=3)
+    ap.add_argument("--sections", default="envs,generation,ddp,weight_push")
     ap.add_argument("--out", default="benchmarks/results/scale_out.json")
     args = ap.parse_args()
     from agentgym.ray_envs import ensure_ray
     ensure_ray(num_cpus=2)
     result = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_before": os.getloadavg()},
               "command": " ".join(sys.argv)}
-    result["envs_codeexec"] = bench_envs(args.episodes)
-    result["generation"] = bench_generation(args.model, args.batch, args.new_tokens)
-    result["ddp"] = bench_ddp()
+    sections = args.sections.split(",")
+    if "envs" in sections:
+        result["envs_codeexec"] = bench_envs(args.episodes)
+    if "generation" in sections:
+        result["generation"] = bench_generation(args.model, args.batch, args.new_tokens)
+    if "ddp" in sections:
+        result["ddp"] = bench_ddp()
+    if "weight_push" in sections:
+        result["weight_push"] = bench_weight_push(args.model, args.pushes)
     result["machine"]["load_after"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
