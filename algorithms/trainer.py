@@ -80,6 +80,9 @@ class TrainConfig(RolloutViews):
     # generation backend of rollouts and evals: hf (the trained module samples in place), vllm (a
     # separate engine, weights synced after every update), None = vllm on CUDA when installed, else hf
     backend: str | None = None
+    # options of that backend's policy: hf — reuse_kv (KV reuse across turns, default true),
+    # kv_cache_tokens, max_batch_size; vllm — any vllm.LLM argument (gpu_memory_utilization, ...)
+    backend_options: dict[str, Any] = field(default_factory=dict)
     # under torchrun on CUDA: shard the trained model with FSDP2 (needs backend=vllm for rollouts)
     fsdp: bool = False
     # > 0: that many generation engines as Ray actors (data-parallel over episodes), weights pushed
@@ -115,6 +118,11 @@ class TrainConfig(RolloutViews):
         check_weight_transfer(self.weight_transfer)
         if self.backend not in (None, "hf", "vllm"):
             raise ValueError(f"backend must be hf, vllm or null (default), got {self.backend!r}")
+        if not isinstance(self.backend_options, dict):
+            raise ValueError(f"backend_options must be a mapping, got {self.backend_options!r}")
+        if self.backend == "hf":
+            from agentgym.policies.transformers_policy import check_options
+            check_options(self.backend_options)
         lt = self.learner.temperature
         st = self.rollout.sampling.logprob_temperature
         if lt is not None and abs(lt - st) > 1e-9:
@@ -181,20 +189,26 @@ class Trainer:
             raise ValueError("fsdp=true with rollout_workers > 0 is not supported yet: use one engine per rank")
         _set_seed(cfg.seed)
         from agentgym.policies.loading import load_policy, load_trained_policy, resolve_backend
-        if policy is None:  # any model spec, including an SFT / DPO output or another run's checkpoint
-            policy = load_trained_policy(cfg.model, device=cfg.device, dtype=_torch_dtype(cfg.dtype), seed=cfg.seed)
-        self.train_policy = policy          # the transformers module the learner trains
         backend = resolve_backend(cfg.backend, notice=self.log)
+        options = dict(cfg.backend_options)
+        if backend == "hf":
+            from agentgym.policies.transformers_policy import check_options
+            check_options(options)
+        if policy is None:  # any model spec, including an SFT / DPO output or another run's checkpoint
+            policy = load_trained_policy(cfg.model, device=cfg.device, dtype=_torch_dtype(cfg.dtype), seed=cfg.seed,
+                                         **(options if backend == "hf" and not cfg.fsdp and not cfg.rollout_workers else {}))
+        self.train_policy = policy          # the transformers module the learner trains
         if cfg.rollout_workers > 0:         # engines in Ray actors
             from agentgym.policies.ray_pool import RayPolicyPool
             self.policy = RayPolicyPool(cfg.model, num_workers=cfg.rollout_workers, backend=backend, seed=cfg.seed,
-                                        address=cfg.rollout.ray_address, weight_transfer=cfg.weight_transfer)
+                                        address=cfg.rollout.ray_address, weight_transfer=cfg.weight_transfer,
+                                        **options)
         elif backend == "hf" and not cfg.fsdp:
             self.policy = policy            # colocated: samples with the module being trained
         else:                               # a separate engine, loaded from the same weights (under FSDP an
             # unsharded HF copy per rank when backend=hf: each rank's generate() runs its own number of
             # forward passes, which a sharded module cannot, as its passes are collective)
-            self.policy = load_policy(cfg.model, backend, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed)
+            self.policy = load_policy(cfg.model, backend, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, **options)
         self.colocated = self.policy is self.train_policy
         lcfg = cfg.learner
         if lcfg.total_steps is None or lcfg.total_steps <= 0:

@@ -104,7 +104,7 @@ def load_trained_policy(spec: str, *, device: str | None = None, dtype: Any = No
     from agentgym.policies.models import load_model
     from agentgym.policies.transformers_policy import TransformersPolicy
     if spec == TINY_RANDOM:
-        return TransformersPolicy.tiny_random(seed=seed, **options)
+        return TransformersPolicy.tiny_random(seed=seed, device=device, **options)
     ckpt = trainer_checkpoint(spec)
     if ckpt is not None:
         base, base_seed = _run_base(ckpt.parent.parent / "config.yaml")

@@ -87,10 +87,11 @@ class TransformersPolicy:
         return cls(load_model(name, device=device, dtype=dtype), load_tokenizer(name), name=name, **kwargs)
 
     @classmethod
-    def tiny_random(cls, tokenizer: str | Any = DEFAULT_MODEL, seed: int = 0, **kwargs: Any) -> "TransformersPolicy":
+    def tiny_random(cls, tokenizer: str | Any = DEFAULT_MODEL, seed: int = 0, *, device: str | None = None,
+                    **kwargs: Any) -> "TransformersPolicy":
         """A 2-layer random Llama with a real tokenizer: for tests and benchmarks of the machinery."""
         tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
-        return cls(tiny_random_model(tok, seed=seed), tok, name="tiny-random", **kwargs)
+        return cls(tiny_random_model(tok, seed=seed, device=device or "cpu"), tok, name="tiny-random", **kwargs)
 
     def sync_weights(self, weights: Any) -> float:
         """Load new weights (an ``nn.Module`` or ``(name, tensor)`` pairs); returns the seconds taken.

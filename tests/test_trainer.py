@@ -93,3 +93,15 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     r = _run(tmp_path / "none", "steps=1", resume=True)
     assert r.returncode == 2 and "no checkpoint" in r.stderr
+
+
+def test_backend_options_reach_the_sampler_and_bad_ones_are_refused(tmp_path):
+    from agentgym.algorithms.trainer import Trainer, TrainConfig
+    cfg = load_config(TrainConfig, overrides=["model=tiny-random", "backend=hf", f"output_dir={tmp_path / 'a'}",
+                                              "tensorboard=false", "backend_options.kv_cache_tokens=256",
+                                              "backend_options.reuse_kv=false"])
+    trainer = Trainer(cfg)
+    assert trainer.colocated and (trainer.policy.kv_cache_tokens, trainer.policy.reuse_kv) == (256, False)
+    with pytest.raises(ValueError, match="unknown hf backend option"):
+        Trainer(TrainConfig(model="tiny-random", backend="hf", backend_options={"gpu_memory_utilization": 0.3},
+                            output_dir=str(tmp_path / "b"), tensorboard=False))
