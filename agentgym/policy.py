@@ -11,9 +11,9 @@ messages; it can be evaluated but not trained, since its tokens are not ours.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
-__all__ = ["SamplingParams", "Generation", "Policy", "ChatPolicy", "cut_at_stop"]
+__all__ = ["SamplingParams", "Generation", "Policy", "ChatPolicy", "cut_at_stop", "weight_name_mismatch"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,16 @@ class ChatPolicy(Protocol):
 
     def respond(self, conversations: Sequence[Sequence[dict[str, str]]], sampling: SamplingParams,
                 tools: Sequence[dict[str, Any]] | None = None) -> list[Generation]: ...
+
+
+def weight_name_mismatch(expected: Iterable[str], given: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``(missing, unexpected)`` weight names of ``given`` against a model's ``expected`` names, sorted.
+
+    A tied ``lm_head.weight`` may be absent (it is the embedding). The one check that weight loads
+    (engine syncs, checkpoint loads) run *before* loading anything, so a mismatch never half-loads."""
+    expected, given = set(expected), set(given)
+    missing = sorted(k for k in expected - given if not k.endswith("lm_head.weight"))
+    return missing, sorted(given - expected)
 
 
 def cut_at_stop(token_ids: Sequence[int], decode: Any, stop: Sequence[str], eos_ids: Sequence[int] = (),

@@ -68,6 +68,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import torch
 from torch import nn
 
+from agentgym.policy import weight_name_mismatch
 from agentgym.trajectory import Trajectory
 
 from agentgym.algorithms.advantages import (CREDITS, broadcast_to_tokens, discounted_returns, episode_returns, gae,
@@ -1069,9 +1070,7 @@ class Learner:
         """Load full (unsharded) policy weights, e.g. from a checkpoint; under FSDP into each rank's
         shards (every rank calls it with the same weights). A tied ``lm_head.weight`` may be absent; any
         other missing or unexpected name is refused (RuntimeError) before anything is loaded."""
-        expected = set(self.model.state_dict())
-        missing = sorted(k for k in expected - set(weights) if not k.endswith("lm_head.weight"))
-        unexpected = sorted(set(weights) - expected)
+        missing, unexpected = weight_name_mismatch(self.model.state_dict(), weights)
         if missing or unexpected:
             raise RuntimeError(f"missing {missing[:3]}, unexpected {unexpected[:3]}")
         if not self.fsdp:

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import torch
 from transformers import StopStringCriteria, StoppingCriteriaList
 
-from agentgym.policy import Generation, SamplingParams, cut_at_stop
+from agentgym.policy import Generation, SamplingParams, cut_at_stop, weight_name_mismatch
 
 from agentgym.policies.models import DEFAULT_MODEL, load_model, load_tokenizer, tiny_random_model
 
@@ -107,11 +107,11 @@ class TransformersPolicy:
                 return 0.0
             weights = weights.state_dict().items()
         state = {k: v for k, v in weights}
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings
-        if missing or unexpected:
+        missing, unexpected = weight_name_mismatch(self.model.state_dict(), state)
+        if missing or unexpected:   # checked before loading: a mismatch never half-loads the model
             raise ValueError(f"sync_weights: weights do not match the model (missing {missing[:3]}, "
                              f"unexpected {unexpected[:3]})")
+        self.model.load_state_dict(state, strict=False)
         return time.perf_counter() - t0
 
     def close(self) -> None:

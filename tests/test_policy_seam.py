@@ -102,6 +102,12 @@ def test_colocated_sync_is_a_no_op_and_bad_weights_are_refused():
     assert policy.sync_weights(policy.model) == 0.0
     with pytest.raises(ValueError, match="do not match"):
         policy.sync_weights([("no.such.weight", torch.zeros(1))])
+    # right names plus one stray: refused before anything is loaded (the model is untouched)
+    before = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    other = TransformersPolicy.tiny_random(seed=1).model.state_dict()
+    with pytest.raises(ValueError, match="unexpected"):
+        policy.sync_weights(list(other.items()) + [("no.such.weight", torch.zeros(1))])
+    assert all(torch.equal(v, before[k]) for k, v in policy.model.state_dict().items())
 
 
 def test_one_loader_and_its_backend_registry():
