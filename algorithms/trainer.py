@@ -80,7 +80,7 @@ class TrainConfig(RolloutViews):
     # generation backend of rollouts and evals: hf (the trained module samples in place), vllm (a
     # separate engine, weights synced after every update), None = vllm on CUDA when installed, else hf
     backend: str | None = None
-    # options of that backend's policy: hf — reuse_kv (KV reuse across turns, default true),
+    # options of that backend's policy: hf — reuse_kv (KV reuse across turns, default true), attn_implementation,
     # kv_cache_tokens, max_batch_size; vllm — any vllm.LLM argument (gpu_memory_utilization, ...)
     backend_options: dict[str, Any] = field(default_factory=dict)
     # under torchrun on CUDA: shard the trained model with FSDP2 (needs backend=vllm for rollouts)

@@ -99,7 +99,7 @@ def load_trained_policy(spec: str, *, device: str | None = None, dtype: Any = No
 
     LoRA checkpoints come back merged into their base (a plain model: the next stage may add its
     own adapter). ``seed`` only matters for ``tiny-random``. ``options`` go to the policy
-    (``max_batch_size``, ``reuse_kv``, ``kv_cache_tokens``).
+    (``max_batch_size``, ``reuse_kv``, ``kv_cache_tokens``, ``attn_implementation``).
     """
     from agentgym.policies.models import load_model
     from agentgym.policies.transformers_policy import TransformersPolicy
@@ -111,8 +111,9 @@ def load_trained_policy(spec: str, *, device: str | None = None, dtype: Any = No
         model_dir = ckpt / "model"
         if (model_dir / "adapter_config.json").exists():
             return _merged_adapter(model_dir, base, base_seed, spec, device, dtype, options)
-        return TransformersPolicy(load_model(str(model_dir), device=device, dtype=dtype), load_tokenizer_for(base),
-                                  name=spec, **options)
+        attn = options.pop("attn_implementation", None)
+        return TransformersPolicy(load_model(str(model_dir), device=device, dtype=dtype, attn_implementation=attn),
+                                  load_tokenizer_for(base), name=spec, **options)
     p = Path(spec).expanduser()
     if p.is_dir():
         model_dir = _output_model_dir(p)
@@ -133,7 +134,10 @@ def _merged_adapter(adapter_dir: Path, base: str, base_seed: int, name: str, dev
     from peft import PeftModel
 
     from agentgym.policies.transformers_policy import TransformersPolicy
-    policy = load_trained_policy(base, device=device, dtype=dtype, seed=base_seed)
+    options = dict(options)
+    attn = options.pop("attn_implementation", None)
+    policy = load_trained_policy(base, device=device, dtype=dtype, seed=base_seed,
+                                 **({"attn_implementation": attn} if attn else {}))
     merged = PeftModel.from_pretrained(policy.model, str(adapter_dir)).merge_and_unload()
     return TransformersPolicy(merged.eval(), policy.tokenizer, name=name, **options)
 

@@ -99,8 +99,13 @@ def load_tokenizer(name: str = DEFAULT_MODEL) -> Any:
     return tok
 
 
-def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: Any = None) -> Any:
-    """A causal LM on ``device`` (cuda if available, else cpu) in bf16 on CUDA, fp32 on CPU."""
+def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: Any = None,
+               attn_implementation: str | None = None) -> Any:
+    """A causal LM on ``device`` (cuda if available, else cpu) in bf16 on CUDA, fp32 on CPU.
+
+    ``attn_implementation``: transformers' attention kernel (``sdpa`` default, ``eager``, ...). Eager
+    halved a bf16 decode step on a CPU with bf16 units (212 → 113 ms, issue 14); in fp32 on a CPU
+    without them it was no faster (benchmarks/RESULTS.md), so it is a choice, not a default."""
     import torch
     from transformers import AutoModelForCausalLM
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -108,7 +113,8 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: A
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     src = resolve_model(name)
     path = _ensure_plain_copy(src) or src.path
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
     return model.to(device).eval()
 
 

@@ -15,7 +15,7 @@ from agentgym.policies.models import DEFAULT_MODEL, load_model, load_tokenizer, 
 __all__ = ["TransformersPolicy", "load", "check_options", "OPTIONS"]
 
 #: what ``load_policy(spec, "hf", **options)`` accepts (the constructor's keyword options)
-OPTIONS = ("max_batch_size", "reuse_kv", "kv_cache_tokens")
+OPTIONS = ("max_batch_size", "reuse_kv", "kv_cache_tokens", "attn_implementation")
 
 
 def check_options(options: dict[str, Any]) -> None:
@@ -82,16 +82,20 @@ class TransformersPolicy:
 
     @classmethod
     def from_pretrained(cls, name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: Any = None,
-                        **kwargs: Any) -> "TransformersPolicy":
+                        attn_implementation: str | None = None, **kwargs: Any) -> "TransformersPolicy":
         """Load by short name (``smollm2``), GGUF file, local directory or hub id."""
-        return cls(load_model(name, device=device, dtype=dtype), load_tokenizer(name), name=name, **kwargs)
+        return cls(load_model(name, device=device, dtype=dtype, attn_implementation=attn_implementation),
+                   load_tokenizer(name), name=name, **kwargs)
 
     @classmethod
     def tiny_random(cls, tokenizer: str | Any = DEFAULT_MODEL, seed: int = 0, *, device: str | None = None,
-                    **kwargs: Any) -> "TransformersPolicy":
+                    attn_implementation: str | None = None, **kwargs: Any) -> "TransformersPolicy":
         """A 2-layer random Llama with a real tokenizer: for tests and benchmarks of the machinery."""
         tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
-        return cls(tiny_random_model(tok, seed=seed, device=device or "cpu"), tok, name="tiny-random", **kwargs)
+        model = tiny_random_model(tok, seed=seed, device=device or "cpu")
+        if attn_implementation:
+            model.set_attn_implementation(attn_implementation)
+        return cls(model, tok, name="tiny-random", **kwargs)
 
     def sync_weights(self, weights: Any) -> float:
         """Load new weights (an ``nn.Module`` or ``(name, tensor)`` pairs); returns the seconds taken.
@@ -278,5 +282,5 @@ def load(model_dir: str, *, tokenizer: Any = None, device: str | None = None, dt
          **options: Any) -> TransformersPolicy:
     """The ``hf`` entry of :data:`agentgym.policies.loading.POLICY_BACKENDS`."""
     check_options(options)
-    model = load_model(model_dir, device=device, dtype=dtype)
+    model = load_model(model_dir, device=device, dtype=dtype, attn_implementation=options.pop("attn_implementation", None))
     return TransformersPolicy(model, tokenizer if tokenizer is not None else load_tokenizer(model_dir), **options)

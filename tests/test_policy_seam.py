@@ -129,5 +129,11 @@ def test_one_loader_and_its_backend_registry():
 def test_hf_backend_options_reach_the_policy_and_unknown_ones_are_refused():
     pol = load_policy("tiny-random", "hf", reuse_kv=False, kv_cache_tokens=64, max_batch_size=3)
     assert (pol.reuse_kv, pol.kv_cache_tokens, pol.max_batch_size) == (False, 64, 3)
+    eager = load_policy("tiny-random", "hf", attn_implementation="eager")
+    assert eager.model.config._attn_implementation == "eager"
+    sp = SamplingParams(max_new_tokens=5, greedy=True)
+    prompt = [[1, 2, 3, 4, 5, 6]]
+    a, b = eager.generate(prompt, sp)[0], load_policy("tiny-random", "hf").generate(prompt, sp)[0]
+    assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
     with pytest.raises(ValueError, match=r"unknown hf backend option\(s\) \['gpu_memory_utilization'\]"):
         load_policy("tiny-random", "hf", gpu_memory_utilization=0.5)
