@@ -18,3 +18,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A real local Ray cluster (2 CPUs) for one test module, shut down after it. Modules that need it
+    say ``pytestmark = pytest.mark.usefixtures("ray_cluster")``."""
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    import ray
+
+    from agentgym.ray_envs import ensure_ray
+    ensure_ray(num_cpus=2)
+    yield
+    ray.shutdown()

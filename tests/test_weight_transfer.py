@@ -24,13 +24,7 @@ from agentgym.policy import SamplingParams  # noqa: E402
 GREEDY = SamplingParams(max_new_tokens=6, greedy=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_cluster():
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    from agentgym.ray_envs import ensure_ray
-    ensure_ray(num_cpus=2)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")   # tests/conftest.py: a local Ray cluster
 
 
 @pytest.fixture(scope="module")
