@@ -99,6 +99,52 @@ def load_tokenizer(name: str = DEFAULT_MODEL) -> Any:
     return tok
 
 
+#: The attention implementation models get by default: transformers' ``sdpa``, except for grouped-query
+#: attention on the CPU under a mask (see :func:`cpu_gqa_sdpa`).
+CPU_GQA_SDPA = "agentgym_sdpa"
+
+
+def cpu_gqa_sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                 scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
+    """transformers' ``sdpa`` attention, except that grouped-query attention with a mask on the CPU runs
+    in torch's kernel with ``enable_gqa=True`` instead of first materialising the repeated keys/values.
+
+    transformers repeats K/V whenever a mask is given because CUDA's fused kernels fall back to the math
+    kernel for masked GQA; the CPU flash kernel takes the mask with GQA directly. Every left-padded batch
+    (multi-turn rollouts, GRPO micro-batches) has a mask, so on the CPU this was most of a decode step:
+    SmolLM2-135M (9 query / 3 KV heads), batch 64 with padding, one attention call 33 ms repeated vs 2.1 ms
+    (identical output), a decode step 1 167 vs 518 ms unpadded (benchmarks/RESULTS.md). Anything else —
+    CUDA, no mask, no grouping, position biases, paged caches — goes to transformers' own function."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (query.device.type != "cpu" or groups <= 1 or attention_mask is None or kwargs.get("position_bias") is not None
+            or kwargs.get("cache") is not None or kwargs.get("output_attentions")
+            or key.shape[-1] != value.shape[-1]):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    import torch
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, is_causal=False,
+                                                           enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_attention() -> str:
+    """Register :func:`cpu_gqa_sdpa` (and sdpa's mask builder under its name) with transformers; idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    AttentionInterface.register(CPU_GQA_SDPA, cpu_gqa_sdpa)
+    AttentionMaskInterface.register(CPU_GQA_SDPA, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    return CPU_GQA_SDPA
+
+
+def default_attention(model: Any) -> Any:
+    """Switch a freshly loaded model from ``sdpa`` to :data:`CPU_GQA_SDPA` (same numbers, no repeated K/V)."""
+    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(register_attention())
+    return model
+
+
 def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: Any = None,
                attn_implementation: str | None = None) -> Any:
     """A causal LM on ``device`` (cuda if available, else cpu) in bf16 on CUDA, fp32 on CPU.
@@ -115,6 +161,8 @@ def load_model(name: str = DEFAULT_MODEL, *, device: str | None = None, dtype: A
     path = _ensure_plain_copy(src) or src.path
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
+    if attn_implementation is None:
+        default_attention(model)
     return model.to(device).eval()
 
 
@@ -129,4 +177,4 @@ def tiny_random_model(tokenizer: Any, *, layers: int = 2, hidden: int = 64, head
                       max_position_embeddings=4096, tie_word_embeddings=True,
                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                       pad_token_id=tokenizer.pad_token_id)
-    return LlamaForCausalLM(cfg).to(device).eval()
+    return default_attention(LlamaForCausalLM(cfg)).to(device).eval()

@@ -3,6 +3,8 @@ real SmolLM2 tokenizer (fp32, CPU), and once on the real SmolLM2-135M-Instruct."
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -292,3 +294,43 @@ def test_kv_reuse_in_real_multi_turn_rollouts(tok, style):
         assert ta.token_ids == tb.token_ids and ta.loss_mask == tb.loss_mask
         assert ta.logprobs == pytest.approx(tb.logprobs, abs=1e-5)
         assert_faithful(ta, tok, style)
+
+
+# --- CPU grouped-query attention under a mask ---------------------------------------------------------
+
+def test_cpu_gqa_attention_equals_transformers_sdpa(tok):
+    """The default attention (``agentgym_sdpa``) gives transformers' ``sdpa`` numbers — forward and
+    gradients — on a grouped-query Llama (4 query / 2 KV heads) with a left-padded batch (the masked case
+    it changes), and without a mask; generation from both is identical."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentgym.policies.models import CPU_GQA_SDPA, default_attention
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(cfg)
+    ref.set_attn_implementation("sdpa")
+    ours = LlamaForCausalLM(copy.deepcopy(cfg))      # its own config: the attention choice lives there
+    ours.load_state_dict(ref.state_dict())
+    default_attention(ours)
+    assert ours.config._attn_implementation == CPU_GQA_SDPA and ref.config._attn_implementation == "sdpa"
+    ids = torch.randint(10, 1000, (3, 12))
+    for mask in (torch.tensor([[0] * 5 + [1] * 7, [1] * 12, [0] * 2 + [1] * 10]), None):
+        outs = []
+        for model in (ref, ours):
+            model.zero_grad()
+            logits = model(input_ids=ids, attention_mask=mask).logits
+            logits.float().pow(2).mean().backward()
+            outs.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        (la, ga), (lb, gb) = outs
+        keep = (mask if mask is not None else torch.ones_like(ids)).bool()
+        assert torch.allclose(la[keep], lb[keep], atol=1e-5)
+        for n in ga:
+            assert torch.allclose(ga[n], gb[n], atol=1e-5, rtol=1e-4), n
+    sp = SamplingParams(max_new_tokens=6, greedy=True)
+    prompts = chat_prompts(tok)
+    a = TransformersPolicy(ref.eval(), tok).generate(prompts, sp)
+    b = TransformersPolicy(ours.eval(), tok).generate(prompts, sp)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert all(x.logprobs == pytest.approx(y.logprobs, abs=1e-5) for x, y in zip(a, b))
