@@ -136,8 +136,7 @@ def _merged_adapter(adapter_dir: Path, base: str, base_seed: int, name: str, dev
     from agentgym.policies.transformers_policy import TransformersPolicy
     options = dict(options)
     attn = options.pop("attn_implementation", None)
-    policy = load_trained_policy(base, device=device, dtype=dtype, seed=base_seed,
-                                 **({"attn_implementation": attn} if attn else {}))
+    policy = load_trained_policy(base, device=device, dtype=dtype, seed=base_seed, attn_implementation=attn)
     merged = PeftModel.from_pretrained(policy.model, str(adapter_dir)).merge_and_unload()
     return TransformersPolicy(merged.eval(), policy.tokenizer, name=name, **options)
 

@@ -172,21 +172,21 @@ class TransformersPolicy:
         P = min(width - len(p) + c for p, (c, _) in zip(prompts, taken))
         if P <= 0:
             return None
-        ref = next(layers for _, layers in taken if layers is not None)
+        # (row, its pad, how many of its cached tokens the batch cache holds) for the rows that give any
+        rows = [(r, width - len(p), P - (width - len(p))) for r, (p, (_, layers)) in enumerate(zip(prompts, taken))
+                if layers is not None and P > width - len(p)]
+        if not rows:        # every cached row starts after P (only padding would be cached): nothing to reuse
+            return None
+        ref = taken[rows[0][0]][1]
         merged = []
-        for li in range(len(ref)):
-            k0, v0 = ref[li]
+        for li, (k0, v0) in enumerate(ref):
             keys = k0.new_zeros((len(prompts), k0.shape[0], P, k0.shape[-1]))
             vals = v0.new_zeros((len(prompts), v0.shape[0], P, v0.shape[-1]))
-            for r, (p, (c, layers)) in enumerate(zip(prompts, taken)):
-                pad = width - len(p)
-                use = P - pad
-                if layers is None or use <= 0:
-                    continue
-                keys[r, :, pad:P] = layers[li][0][:, :use]
-                vals[r, :, pad:P] = layers[li][1][:, :use]
+            for r, pad, use in rows:
+                keys[r, :, pad:P] = taken[r][1][li][0][:, :use]
+                vals[r, :, pad:P] = taken[r][1][li][1][:, :use]
             merged.append((keys, vals))
-        self.kv_reused_tokens += sum(max(0, P - (width - len(p))) for p in prompts)
+        self.kv_reused_tokens += sum(use for _, _, use in rows)
         return DynamicCache(ddp_cache_data=merged)
 
     def _keep_caches(self, cache: Any, prompts: Sequence[Sequence[int]], width: int,

@@ -27,17 +27,11 @@ def _crash(actor) -> None:
     """Kill the actor's process (as a crash would) and wait until it is really gone: ``ray.kill`` alone
     is asynchronous, and a step sent right after it may still be served."""
     import signal
-    import time
+
+    from helpers_processes import wait_until_gone
     pid = ray.get(actor.pid.remote())
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"actor process {pid} still alive")
+    wait_until_gone(pid, 30, "actor process")
 
 
 def _key(t):

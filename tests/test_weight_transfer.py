@@ -20,6 +20,7 @@ from agentgym.policies.ray_pool import (  # noqa: E402
     RayPolicyPool, _pack, _unpack, collective_backend, plan_buckets, tensor_digest)
 from agentgym.policies.transformers_policy import TransformersPolicy  # noqa: E402
 from agentgym.policy import SamplingParams  # noqa: E402
+from helpers_processes import wait_until_gone  # noqa: E402
 
 GREEDY = SamplingParams(max_new_tokens=6, greedy=True)
 
@@ -141,15 +142,7 @@ def test_a_garbage_collected_pool_releases_its_group_without_hanging(local):
     t.start()
     assert gone.wait(30), "dropping the pool hung"
     assert side.group is None                                   # the trainer's side was shut down
-    deadline = time.monotonic() + 30                            # Ray ends an actor whose handles are gone
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"actor process {pid} still alive after its pool was dropped")
+    wait_until_gone(pid, 30, "actor process of the dropped pool")   # Ray ends an actor whose handles are gone
 
 
 def test_a_worker_that_cannot_join_fails_the_push_clearly_and_close_does_not_hang(local):
