@@ -22,6 +22,17 @@ class ConfigError(ValueError):
     pass
 
 
+def _join(section: str, key: str) -> str:
+    """The dotted path of ``key`` inside ``section`` (``""`` is the top level).
+
+    One place builds config paths so that an error names ``rollout.sampling.top_p`` or, for a
+    whole section, ``rollout.sampling`` -- never ``rollout.sampling.`` with a dangling separator.
+    A trailing dot on ``section`` (the former ``prefix`` convention) is tolerated.
+    """
+    section = section.rstrip(".")
+    return f"{section}.{key}" if section else key
+
+
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
@@ -48,7 +59,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return value
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a mapping for {tp.__name__}, got {type(value).__name__}")
-        return from_dict(tp, value, prefix=where + ".")
+        return from_dict(tp, value, prefix=where)
     if origin in (list, tuple, Sequence):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
@@ -129,7 +140,12 @@ def _canonicalize(cls: Any, data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
-    """Build dataclass ``cls`` from a mapping, recursively, checking keys and types."""
+    """Build dataclass ``cls`` from a mapping, recursively, checking keys and types.
+
+    ``prefix``: the dotted path of this section in the whole config (``"rollout.sampling"``; empty at
+    the top level), used to name keys in errors.
+    """
+    section = prefix.rstrip(".")
     if _aliases(cls) and any(k.split(".")[0] in data for k in _aliases(cls)):
         data = _canonicalize(cls, data)
     hints = typing.get_type_hints(cls)
@@ -139,14 +155,15 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
         removed = getattr(cls, "config_removed", {}) or {}
         for k in sorted(unknown):
             if k in removed:
-                raise ConfigError(f"{prefix + k}: {removed[k]}")
-        raise ConfigError(f"unknown config key(s) {', '.join(prefix + k for k in sorted(unknown))}; "
+                raise ConfigError(f"{_join(section, k)}: {removed[k]}")
+        raise ConfigError(f"unknown config key(s) {', '.join(_join(section, k) for k in sorted(unknown))}; "
                           f"valid: {', '.join(sorted(names))}")
-    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    kwargs = {k: _coerce(v, hints[k], _join(section, k)) for k, v in data.items()}
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+        # the section's own check failed (e.g. SamplingConfig's top_p range): name the section
+        raise ConfigError(f"{section or cls.__name__}: {e}") from None
 
 
 def to_dict(obj: Any) -> Any:

@@ -1,0 +1,76 @@
+"""Config error messages name the setting by its dotted path, with no dangling separator.
+
+A section's own check (``SamplingConfig`` rejecting ``top_p=7``) used to be reported as
+``rollout.sampling.: top_p …``: the section's path was built as a key prefix ending in ``.``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agentgym.config import ConfigError, from_dict, load_config
+
+
+@dataclasses.dataclass
+class _Leaf:
+    x: int = 1
+
+    def __post_init__(self) -> None:
+        if self.x < 0:
+            raise ValueError(f"x must be >= 0, got {self.x}")
+
+
+@dataclasses.dataclass
+class _Mid:
+    leaf: _Leaf = dataclasses.field(default_factory=_Leaf)
+
+
+@dataclasses.dataclass
+class _Top:
+    mid: _Mid = dataclasses.field(default_factory=_Mid)
+    y: int = 0
+
+    def __post_init__(self) -> None:
+        if self.y < 0:
+            raise ValueError("y must be >= 0")
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"mid": {"leaf": {"x": -1}}}, "mid.leaf: x must be >= 0, got -1"),        # a nested section's own check
+    ({"y": -1}, "_Top: y must be >= 0"),                                       # the top level's own check
+    ({"mid": {"leaf": {"x": "a"}}}, "mid.leaf.x: expected int, got str ('a')"),  # a leaf's type
+    ({"mid": {"nope": 1}}, "unknown config key(s) mid.nope; valid: leaf"),
+    ({"mid": 3}, "mid: expected a mapping for _Mid, got int"),
+])
+def test_paths_in_messages(data, message):
+    with pytest.raises(ConfigError) as e:
+        from_dict(_Top, data)
+    assert str(e.value) == message
+    assert ".:" not in str(e.value) and ".." not in str(e.value)
+
+
+def test_a_trailing_dot_prefix_is_still_accepted():
+    """``prefix`` used to be passed as ``"section."``; that spelling gives the same message."""
+    with pytest.raises(ConfigError, match=r"^outer\.mid\.leaf: x must be >= 0"):
+        from_dict(_Top, {"mid": {"leaf": {"x": -1}}}, prefix="outer.")
+
+
+@pytest.mark.parametrize("override", ["rollout.sampling.top_p=7", "sampling.top_p=7"])  # canonical and alias
+def test_train_config_section_check_names_the_section(override):
+    from agentgym.algorithms.trainer import TrainConfig
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, None, [override])
+    assert str(e.value) == "rollout.sampling: top_p must be in (0, 1], got 7.0"
+
+
+def test_cli_prints_the_path_without_a_stray_dot():
+    """The message a user sees (configs are validated before a model loads, so this exits fast)."""
+    r = subprocess.run([sys.executable, "-m", "agentgym.cli", "train", "rollout.sampling.top_p=7"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode != 0
+    assert "rollout.sampling: top_p must be in (0, 1], got 7.0" in r.stderr and ".:" not in r.stderr, r.stderr
