@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
-from agentgym.rewards import Reward, StepEvent, StepRecord, exact_match
+from agentgym.rewards import Reward, StepEvent, StepRecord, exact_match, resolve_reward
 from agentgym.spaces import Message, MessageList, UnicodeText
 
 __all__ = ["AgentEnv", "Transition"]
@@ -102,7 +102,7 @@ class AgentEnv(gym.Env[list, str]):
         __init__.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
         cls.__init__ = __init__  # type: ignore[method-assign]
 
-    def __init__(self, *, reward: Reward | Mapping[str, float] | None = None, max_turns: int = 8,
+    def __init__(self, *, reward: Reward | Mapping[str, float] | str | None = None, max_turns: int = 8,
                  max_action_chars: int = 16_384, render_mode: str | None = None, group_reward: Any = None):
         if group_reward is not None:
             self.group_reward = group_reward
@@ -113,11 +113,9 @@ class AgentEnv(gym.Env[list, str]):
         self.render_mode = render_mode
         self.max_turns = int(max_turns)
         self.max_action_chars = int(max_action_chars)
-        if reward is None:
-            reward = self.default_reward()
-        elif isinstance(reward, Mapping):  # only new weights for the default terms
-            reward = self.default_reward().with_weights(**reward)
-        self.reward = reward
+        # None, a Reward, or plain data from a config / the CLI: {term: weight, "module.path:attr": weight}
+        # or "module.path:attr". Imported here, not by the caller, so env kwargs stay serialisable.
+        self.reward = resolve_reward(reward, self.default_reward)
         self.action_space = UnicodeText(max_length=self.max_action_chars)
         self.observation_space = MessageList()
         self.task: dict[str, Any] = {}
