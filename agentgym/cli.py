@@ -91,11 +91,17 @@ def choose_threads(requested: int | None = None) -> tuple[int, str]:
 
 
 def _set_threads(requested: int | None, verbose: bool) -> None:
+    """Set the count :func:`choose_threads` gives and install the governor that re-checks it between
+    steps and eval batches (:mod:`agentgym.threads`); a count the user chose stays fixed."""
+    from tqdm import tqdm
+
+    from agentgym.threads import ThreadGovernor, install
     n, why = choose_threads(requested)
-    import torch
-    torch.set_num_threads(n)
+    fixed = why in ("--threads", "OMP_NUM_THREADS")
+    install(ThreadGovernor(n, fixed=fixed, log=tqdm.write if verbose else (lambda _msg: None)))
     if verbose:
-        print(f"[agentgym] torch threads: {n} ({why}; --threads N or OMP_NUM_THREADS to choose)")
+        follow = "fixed" if fixed else "re-checked between steps; --threads N or OMP_NUM_THREADS to fix it"
+        print(f"[agentgym] torch threads: {n} ({why}; {follow})")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

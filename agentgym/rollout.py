@@ -34,6 +34,7 @@ import numpy as np
 from agentgym.formatting import Formatter, make_formatter
 from agentgym.policy import Generation, SamplingParams
 from agentgym.rewards import apply_group_reward
+from agentgym.threads import recheck as recheck_threads
 from agentgym.trajectory import Trajectory, TrajectoryBuilder, check_trajectory
 
 __all__ = ["RolloutConfig", "RolloutViews", "ROLLOUT_ALIASES", "RolloutBatch", "RolloutEngine", "TokenTurns", "ChatTurns",
@@ -466,6 +467,7 @@ class _Run:
         self.finished += 1
 
     def report(self) -> None:
+        recheck_threads()   # between turn batches: torch threads follow the load (agentgym.threads)
         state = (self.finished, self.tokens)
         if self._progress is not None and state != self._reported:
             self._reported = state

@@ -26,6 +26,7 @@ import torch
 from agentgym.config import save_config, to_dict
 from agentgym.policy import SamplingParams
 from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutEngine, RolloutViews, summarize
+from agentgym.threads import recheck as recheck_threads
 
 from agentgym.algorithms.learners import LearnerConfig, make_learner
 
@@ -365,6 +366,7 @@ class Trainer:
                                disable=not main)
         world, rank = (self.dist.world_size, self.dist.rank) if self.dist is not None else (1, 0)
         while self.step < cfg.steps:
+            recheck_threads()   # torch threads follow the load between steps (agentgym.threads)
             t0 = time.perf_counter()
             # each rank its own groups and seeds (rank 0's are those of a one-process run)
             seed = _step_seed(cfg.seed + 100_003 * rank, self.step)
