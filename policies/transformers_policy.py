@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -16,6 +18,20 @@ __all__ = ["TransformersPolicy", "load", "check_options", "OPTIONS"]
 
 #: what ``load_policy(spec, "hf", **options)`` accepts (the constructor's keyword options)
 OPTIONS = ("max_batch_size", "reuse_kv", "kv_cache_tokens", "attn_implementation")
+
+
+@functools.cache
+def generate_cache_name() -> str:
+    """The name ``generate`` gives the KV cache, both as an argument and on its output.
+
+    transformers renamed ``past_key_values`` to ``cache``; where it did, the old name still works but
+    each ``generate(past_key_values=…)`` emits a FutureWarning and reading ``output.past_key_values``
+    logs a deprecation line, on every run that reuses KV. The output class declares the name the
+    installed version uses (the argument was renamed with it), so we ask it rather than a version.
+    """
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+    fields = {f.name for f in dataclasses.fields(GenerateDecoderOnlyOutput)}
+    return "cache" if "cache" in fields else "past_key_values"
 
 
 def check_options(options: dict[str, Any]) -> None:
@@ -252,7 +268,7 @@ class TransformersPolicy:
         else:
             kwargs.update(do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or None)
         if past is not None:
-            kwargs["past_key_values"] = past
+            kwargs[generate_cache_name()] = past
         if sp.stop:
             kwargs["stopping_criteria"] = StoppingCriteriaList([self._stop_criterion(tuple(sp.stop))])
         was_training = self.model.training
@@ -274,7 +290,7 @@ class TransformersPolicy:
             gens.append(Generation(ids, logp[r, :end].tolist(),
                                    self.tokenizer.decode(ids, skip_special_tokens=True), reason))
         if self.reuse_kv and self.kv_cache_tokens:
-            self._keep_caches(res.past_key_values, prompts, width, [g.token_ids for g in gens])
+            self._keep_caches(getattr(res, generate_cache_name()), prompts, width, [g.token_ids for g in gens])
         return gens
 
 

@@ -334,3 +334,40 @@ def test_cpu_gqa_attention_equals_transformers_sdpa(tok):
     b = TransformersPolicy(ours.eval(), tok).generate(prompts, sp)
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     assert all(x.logprobs == pytest.approx(y.logprobs, abs=1e-5) for x, y in zip(a, b))
+
+
+def test_generation_with_kv_reuse_uses_no_deprecated_transformers_api(tok):
+    """Three turns (the later ones pass the stored KV back into ``generate`` and read the new cache off its
+    output) emit no FutureWarning / DeprecationWarning from transformers or attributed to our calls, and
+    no deprecation line on transformers' logger. transformers renamed ``past_key_values`` to ``cache``;
+    the old name warned on every run that reused KV (see ``generate_cache_name``)."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    hf_root = hf_logging.get_logger("transformers")
+    handler = Keep(level=logging.WARNING)
+    hf_root.addHandler(handler)
+    once = getattr(logging.Logger, "warning_once", None)   # transformers' once-per-process warnings
+    if once is not None and hasattr(once, "cache_clear"):
+        once.cache_clear()   # so an earlier test's identical line cannot hide this one's
+    pol = TransformersPolicy(tiny_policy().model, tok)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for greedy in (True, False):
+                _three_turns(pol, tok, SamplingParams(max_new_tokens=6, greedy=greedy, temperature=0.8, seed=1))
+    finally:
+        hf_root.removeHandler(handler)
+    assert pol.kv_reused_tokens > 0   # the KV path ran
+    ours = [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught
+            if issubclass(w.category, (FutureWarning, DeprecationWarning)) and "transformers" in w.filename]
+    assert ours == []
+    assert [m for m in lines if "deprecat" in m.lower()] == []
