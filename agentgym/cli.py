@@ -6,7 +6,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 __all__ = ["main"]
 
@@ -218,9 +219,13 @@ def _validate_run(cfg: Any) -> None:
         raise ConfigError(f"model: {e}") from None
 
 
-def _versioned(cfg: Any, args: argparse.Namespace, command: str) -> Any:
+def _versioned(cfg: Any, args: argparse.Namespace, command: str,
+               resumable: Callable[[Path], bool] | None = None,
+               interrupted: Callable[[Path], bool] | None = None) -> Any:
     """A run whose output_dir the user did not choose goes to the next free ``runs/<command>[-N]``
-    (``--resume``: the newest one), so repeating a command never collides; a chosen one is protected."""
+    (``--resume``: the newest one — with ``resumable``, the newest one it accepts), so repeating a command
+    never collides; a chosen one is protected. ``interrupted`` tells a run that stopped half-way, for a
+    hint on how to continue it."""
     import dataclasses
 
     from agentgym.algorithms.distributed import env_rank
@@ -229,11 +234,19 @@ def _versioned(cfg: Any, args: argparse.Namespace, command: str) -> Any:
         return cfg
     if env_rank() != 0 and not getattr(args, "resume", False):
         return cfg   # under torchrun only rank 0 writes; the others never touch the directory
-    chosen = default_output_dir(cfg.output_dir, resume=getattr(args, "resume", False),
-                                overwrite=getattr(args, "overwrite", False))
-    if str(chosen) != str(cfg.output_dir):
+    resume = getattr(args, "resume", False)
+    chosen = default_output_dir(cfg.output_dir, resume=resume, overwrite=getattr(args, "overwrite", False),
+                                resumable=resumable)
+    if str(chosen) != str(cfg.output_dir) and not resume:
         print(f"[{command}] {cfg.output_dir} holds an earlier run; this one writes to {chosen} "
               f"(output_dir=... to choose)")
+    if resumable is not None and not resume:
+        # the newest earlier run, if it stopped half-way: say how to continue it instead
+        earlier = default_output_dir(cfg.output_dir, resume=True, resumable=resumable)
+        if earlier != chosen and interrupted is not None and interrupted(earlier):
+            print(f"[{command}] {earlier} holds an interrupted run; to continue it instead: "
+                  f"agentgym {command} ... --resume (it picks the newest run with a checkpoint)")
+    if str(chosen) != str(cfg.output_dir):
         cfg = dataclasses.replace(cfg, output_dir=str(chosen))
     return cfg
 
@@ -362,13 +375,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resume_command(args: argparse.Namespace, output_dir: str) -> str:
+    """The command that continues this run: what the user typed, with its output_dir and --resume."""
+    import shlex
+
+    from agentgym.runs import output_dir_was_given
+    words = [w for w in getattr(args, "argv", []) if w not in ("--resume", "--overwrite")]
+    if not output_dir_was_given(args.config, list(args.overrides or [])):
+        words.append(f"output_dir={output_dir}")
+    return shlex.join(["agentgym", *words, "--resume"])
+
+
+def _say_finished(out: str, steps: int, evals: dict[str, Any]) -> None:
+    b, a = evals["before"].get("eval/success_rate"), evals["after"].get("eval/success_rate")
+    shown = f"; held-out success {b:.3f} -> {a:.3f}" if b is not None and a is not None else ""
+    print(f"[train] {out} is finished ({steps} of {steps} steps{shown}); nothing was changed. To train it "
+          f"further, raise steps (e.g. steps={2 * steps} --resume); to start again, --overwrite or another output_dir.")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from agentgym.algorithms.trainer import TrainConfig, Trainer
+    from agentgym.algorithms.trainer import (TrainConfig, Trainer, TrainingInterrupted, finished_run, interrupted_run,
+                                           latest_checkpoint)
     from agentgym.config import ConfigError, load_config
     from agentgym.runs import prepare_output_dir
     cfg = load_config(TrainConfig, args.config, args.overrides)
-    cfg = _versioned(cfg, args, "train")
+    cfg = _versioned(cfg, args, "train", resumable=lambda p: latest_checkpoint(p) is not None,
+                     interrupted=interrupted_run)
     _validate_run(cfg)
+    if args.resume and not args.overwrite and (done := finished_run(cfg.output_dir, cfg.steps)) is not None:
+        _say_finished(cfg.output_dir, cfg.steps, done)
+        return 0
     from agentgym.algorithms.learners import LEARNERS
     if cfg.algo.lower() not in LEARNERS:
         raise ConfigError(f"algo: unknown algorithm {cfg.algo!r} for `agentgym train`; choose from {', '.join(sorted(LEARNERS))}"
@@ -383,6 +419,15 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"{cfg.groups_per_step}x{cfg.group_size} episodes -> {cfg.output_dir}")
     try:
         result = Trainer(cfg).train(resume=args.resume)
+    except TrainingInterrupted as stop:
+        if stop.checkpoint is None:
+            print(f"\n[train] interrupted at step {stop.step}, before the first checkpoint: nothing to continue "
+                  f"from. `{_resume_command(args, cfg.output_dir)}` starts it over in {cfg.output_dir}.",
+                  file=sys.stderr)
+        else:
+            print(f"\n[train] interrupted at step {stop.step}; checkpoint {stop.checkpoint}. Continue with:\n"
+                  f"  {_resume_command(args, cfg.output_dir)}", file=sys.stderr)
+        return 130
     finally:
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
@@ -645,13 +690,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="delete a previous comparison in --out and start afresh")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="TrainConfig overrides for every run")
     p.set_defaults(func=cmd_compare)
+    # --threads works after the sub-command too (`agentgym train --threads 1`), as users type it
+    for name, sp in sub.choices.items():
+        if name in ("eval", "train", "sft", "dpo", "compare"):
+            sp.add_argument("--threads", type=int, default=argparse.SUPPRESS, metavar="N",
+                            help="torch CPU threads (default: cores not already busy, re-checked during the run)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     import gymnasium as gym
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
+    args.argv = argv
     # argparse stops filling a positional list at the first flag: `eval ENV --greedy episodes=8`
     # leaves `episodes=8` over; KEY=VALUE leftovers of a command that takes overrides join them.
     if getattr(args, "func", None) is cmd_sandbox:  # the sandbox package parses its own arguments

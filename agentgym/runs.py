@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 from agentgym.config import ConfigError
 
@@ -126,11 +127,17 @@ def _versions(base: Path) -> list[Path]:
     return out
 
 
-def default_output_dir(base: str | Path, *, resume: bool = False, overwrite: bool = False) -> Path:
+def default_output_dir(base: str | Path, *, resume: bool = False, overwrite: bool = False,
+                       resumable: Callable[[Path], bool] | None = None) -> Path:
     """The directory for a run whose user did not choose one: ``base`` while it is free (or for
-    ``overwrite``), else the next free ``base-N``; with ``resume`` the newest existing version."""
+    ``overwrite``), else the next free ``base-N``; with ``resume`` the newest existing version — with
+    ``resumable``, the newest one it accepts (e.g. that has a checkpoint), else the newest."""
     base = Path(base).expanduser()
     versions = _versions(base)
+    if resume and resumable is not None:
+        usable = [p for p in versions if p.is_dir() and resumable(p)]
+        if usable:
+            return usable[-1]
     if resume or overwrite:
         return versions[-1] if versions else base
     for p in versions:

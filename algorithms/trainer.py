@@ -10,11 +10,13 @@ learner state.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
 import random
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,6 +169,97 @@ def held_out_eval(engine: RolloutEngine, cfg: TrainConfig,
     return {f"eval/{k}": v for k, v in batch.metrics.items() if not k.startswith("time/")}, batch.trajectories
 
 
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The newest ``checkpoints/step_N`` of a run directory, or None."""
+    ckpts = sorted((Path(out) / "checkpoints").glob("step_*[0-9]"))
+    return ckpts[-1] if ckpts else None
+
+
+def checkpoint_step(ckpt: Path | None) -> int:
+    return int(ckpt.name.split("_", 1)[1]) if ckpt is not None else 0
+
+
+def finished_run(out: str | Path, steps: int) -> dict[str, Any] | None:
+    """The final evals of a run in ``out`` that already trained ``steps`` steps and wrote its final
+    eval (``evals.json``), else None — ``--resume`` on such a run has nothing left to do."""
+    evals_path = Path(out) / "evals.json"
+    if checkpoint_step(latest_checkpoint(out)) < steps or not evals_path.is_file():
+        return None
+    try:
+        evals = json.loads(evals_path.read_text())
+    except (OSError, ValueError):
+        return None
+    tags = {e.get("tag"): e for e in evals if isinstance(e, dict)}
+    return tags if "after" in tags and "before" in tags else None
+
+
+def interrupted_run(out: str | Path) -> bool:
+    """Whether ``out`` holds a run that checkpointed but stopped before the steps its config asked for."""
+    import yaml
+    try:
+        steps = int((yaml.safe_load((Path(out) / "config.yaml").read_text()) or {})["steps"])
+    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
+        return False
+    return latest_checkpoint(out) is not None and finished_run(out, steps) is None
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run; ``checkpoint`` is what ``--resume`` continues from (None: nothing saved)."""
+
+    def __init__(self, step: int, checkpoint: Path | None, output_dir: Path) -> None:
+        super().__init__(f"interrupted at step {step}")
+        self.step, self.checkpoint, self.output_dir = step, checkpoint, output_dir
+
+
+class _WholeSteps:
+    """SIGINT handling for a training loop: a Ctrl-C that arrives while an update is being applied (learner
+    step, weight sync, step counter, log row) is held until that update is complete, so an interrupted run
+    stops at a whole step and can be checkpointed there; a second Ctrl-C stops at once (``torn``: the state
+    may then be half-updated and must not be saved). Elsewhere (rollouts, evals) Ctrl-C stops at once —
+    nothing is lost there but the current step's episodes."""
+
+    def __init__(self) -> None:
+        self.critical = self.pending = self.torn = False
+        self._previous: Any = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.critical and not self.pending:
+            self.pending = True
+            print("\n[train] Ctrl-C: finishing this update so the run can stop at a whole step "
+                  "(Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+            return
+        self.torn = self.critical
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> "_WholeSteps":
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            import signal
+            signal.signal(signal.SIGINT, self._previous)
+
+    def __call__(self) -> "_UpdateSection":
+        return _UpdateSection(self)
+
+
+class _UpdateSection:
+    def __init__(self, guard: _WholeSteps) -> None:
+        self.guard = guard
+
+    def __enter__(self) -> None:
+        self.guard.critical = True
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.guard.critical = False
+        if self.guard.pending and exc_type is None:
+            raise KeyboardInterrupt
+
+
 class Trainer:
     """One training run. ``on_step(step, batch, row)`` (optional) sees every step's rollout batch and
     logged row after the update, e.g. for the comparison harness to record which tasks were drawn."""
@@ -305,8 +398,7 @@ class Trainer:
         self.history, self.evals = h["history"], h["evals"]
 
     def latest_checkpoint(self) -> Path | None:
-        ckpts = sorted((self.out / "checkpoints").glob("step_*[0-9]"))
-        return ckpts[-1] if ckpts else None
+        return latest_checkpoint(self.out)
 
     # ------------------------------------------------------------------ logging
     def _log_row(self, row: dict[str, float]) -> None:
@@ -342,11 +434,9 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def train(self, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
         """Run to ``cfg.steps``. A non-empty output directory is refused unless ``resume`` (continue from
-        its last checkpoint) or ``overwrite`` (delete it first); see :mod:`agentgym.runs`."""
-        from tqdm import tqdm
-
+        its last checkpoint) or ``overwrite`` (delete it first); see :mod:`agentgym.runs`. Ctrl-C raises
+        :class:`TrainingInterrupted` after checkpointing the last whole step."""
         from agentgym.runs import prepare_output_dir
-        from agentgym.algorithms.distributed import gather_lists
         cfg = self.cfg
         main = self.is_main
         if main:   # only rank 0 writes (other ranks read checkpoints when resuming)
@@ -354,12 +444,42 @@ class Trainer:
             save_config(cfg, self.out / "config.yaml")
         if resume:
             ckpt = self.latest_checkpoint()
-            if ckpt is None:
-                raise FileNotFoundError(f"--resume: no checkpoint in {self.out / 'checkpoints'}")
-            self.load_checkpoint(ckpt)
-            if not self.colocated:
-                self.policy.sync_weights(self.learner.policy_weights())
-            self.log(f"resumed from {ckpt} (step {self.step})")
+            if ckpt is None:   # stopped before its first checkpoint: nothing to continue, nothing to lose
+                self.log(f"--resume: {self.out} has no checkpoint yet (it stopped before the first one); "
+                         "starting it over from step 0")
+            else:
+                self.load_checkpoint(ckpt)
+                if not self.colocated:
+                    self.policy.sync_weights(self.learner.policy_weights())
+                self.log(f"resumed from {ckpt} (step {self.step})")
+        # Ctrl-C in one process stops at a whole step and checkpoints it (torchrun: each rank gets the
+        # signal and collectives cannot be finished alone, so the last periodic checkpoint stands)
+        guard = _WholeSteps() if self.dist is None else None
+        try:
+            with guard or contextlib.nullcontext():
+                return self._train_loop(guard)
+        except KeyboardInterrupt:
+            if guard is None:
+                raise
+            self._close_bar()
+            saved = self.latest_checkpoint()
+            if not guard.torn and self.step > checkpoint_step(saved):
+                self.log(f"[train] saving a checkpoint at step {self.step} ...")
+                saved = self.save_checkpoint()
+            raise TrainingInterrupted(self.step, saved, self.out) from None
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def _train_loop(self, guard: _WholeSteps | None) -> dict[str, Any]:
+        from tqdm import tqdm
+
+        from agentgym.algorithms.distributed import gather_lists
+        cfg = self.cfg
+        main = self.is_main
+        update_section = guard if guard is not None else contextlib.nullcontext
         if main and self.step == 0 and not any(ev["tag"] == "before" for ev in self.evals):
             self.evaluate("before")
         bar = self._bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.algo} on {cfg.env}", unit="step",
@@ -378,18 +498,19 @@ class Trainer:
                 timing = {k: v for k, v in batch.metrics.items() if k.startswith("time/")}
                 batch = type(batch)(trajectories, {**summarize(trajectories), **timing})
             t_roll = time.perf_counter() - t0
-            upd = self.learner.update(batch.trajectories)
-            # the sampler gets the new weights (a no-op when it is the trained module itself)
-            sync_s = self.policy.sync_weights(self.learner.model if self.colocated else self.learner.policy_weights())
-            self.step += 1
-            dt = time.perf_counter() - t0
-            row = {"step": float(self.step), **{f"rollout/{k}": v for k, v in batch.metrics.items()},
-                   **{f"train/{k}": float(v) for k, v in upd.items()},
-                   "time/step_s": dt, "time/rollout_s": t_roll, "time/sync_s": float(sync_s or 0.0),
-                   "perf/tokens_per_s": batch.metrics.get("generated_tokens", 0.0) / max(dt, 1e-9)}
-            self.history.append(row)
-            if main:
-                self._log_row(row)
+            with update_section():   # a Ctrl-C here waits for the whole update (see _WholeSteps)
+                upd = self.learner.update(batch.trajectories)
+                # the sampler gets the new weights (a no-op when it is the trained module itself)
+                sync_s = self.policy.sync_weights(self.learner.model if self.colocated else self.learner.policy_weights())
+                self.step += 1
+                dt = time.perf_counter() - t0
+                row = {"step": float(self.step), **{f"rollout/{k}": v for k, v in batch.metrics.items()},
+                       **{f"train/{k}": float(v) for k, v in upd.items()},
+                       "time/step_s": dt, "time/rollout_s": t_roll, "time/sync_s": float(sync_s or 0.0),
+                       "perf/tokens_per_s": batch.metrics.get("generated_tokens", 0.0) / max(dt, 1e-9)}
+                self.history.append(row)
+                if main:
+                    self._log_row(row)
             if self.on_step is not None:
                 self.on_step(self.step, batch, row)
             bar.update(1)
@@ -400,8 +521,7 @@ class Trainer:
                 self.evaluate(f"step{self.step}")
             if (main or self.learner.fsdp) and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.save_checkpoint()    # FSDP: every rank takes part in gathering the shards
-        bar.close()
-        self._bar = None
+        self._close_bar()
         if not main:   # the other ranks are done once the last update is in
             if self.learner.fsdp:
                 self.save_checkpoint()    # rank 0's final checkpoint gathers from every rank

@@ -210,3 +210,70 @@ def test_default_output_dirs_are_versioned_so_the_main_command_can_run_twice(tmp
     assert [r["step"] for r in _rows(tmp_path / "runs/train-1")] == ["1.0", "2.0"]
     assert [r["step"] for r in _rows(tmp_path / "runs/train")] == ["1.0"]
     assert main(["train", *TINY, "steps=1", "output_dir=runs/train"]) == 2   # a chosen dir stays protected
+
+
+def _agentgym(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agentgym.cli", *args]
+
+
+def test_ctrl_c_says_how_to_continue_and_the_printed_command_does(tmp_path):
+    """As a user types it: Ctrl-C mid-run stops at a whole step, checkpoints it and prints the exact resume
+    command; a plain re-run says the run is interrupted; the printed command finishes it; running it again
+    says the run is finished and changes nothing."""
+    import shlex
+    import signal
+    import time
+    env = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}
+    cmd = ["train", *TINY, "steps=40", "checkpoint_every=0", "--threads", "1"]
+    proc = subprocess.Popen(_agentgym(*cmd), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    log = tmp_path / "runs/train/train_log.csv"
+    deadline = time.monotonic() + 600
+    try:
+        while not (log.exists() and len(_rows(tmp_path / "runs/train")) >= 1):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "Continue with:" in err, err[-2000:]
+    steps_done = len(_rows(tmp_path / "runs/train"))
+    ckpts = sorted((tmp_path / "runs/train/checkpoints").glob("step_*[0-9]"))
+    assert [c.name for c in ckpts] == [f"step_{steps_done:06d}"]          # the last whole step, saved
+    printed = err.split("Continue with:", 1)[1].strip().splitlines()[0]
+    words = shlex.split(printed)
+    assert words[0] == "agentgym" and "--resume" in words and "output_dir=runs/train" in words
+
+    # a plain re-run starts afresh elsewhere, and says how to continue the interrupted one
+    r = subprocess.run(_agentgym("train", *TINY, "steps=1", "--threads", "1"), cwd=tmp_path, capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "runs/train holds an interrupted run" in r.stdout and "--resume" in r.stdout
+
+    # the printed command continues it (to fewer steps here, to keep the test short)
+    resume = [w for w in words[1:] if not w.startswith("steps=")] + [f"steps={steps_done + 1}"]
+    r = subprocess.run(_agentgym(*resume), cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resumed from" in r.stdout
+    assert [float(x["step"]) for x in _rows(tmp_path / "runs/train")] == [float(i) for i in range(1, steps_done + 2)]
+
+    # --resume on the finished run: says so, touches nothing
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs/train").rglob("*") if p.is_file()}
+    r = subprocess.run(_agentgym(*resume), cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "is finished" in r.stdout and "nothing was changed" in r.stdout, r.stdout + r.stderr
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs/train").rglob("*") if p.is_file()} == before
+
+
+def test_resume_picks_the_newest_run_that_has_a_checkpoint(tmp_path):
+    from agentgym.runs import default_output_dir
+    (tmp_path / "train" / "checkpoints" / "step_000002").mkdir(parents=True)
+    (tmp_path / "train-1").mkdir()
+    (tmp_path / "train-1" / "config.yaml").write_text("steps: 3\n")        # stopped before any checkpoint
+    has_ckpt = lambda p: any((p / "checkpoints").glob("step_*"))          # noqa: E731
+    assert default_output_dir(tmp_path / "train", resume=True, resumable=has_ckpt) == tmp_path / "train"
+    assert default_output_dir(tmp_path / "train", resume=True) == tmp_path / "train-1"   # without: the newest
+    assert default_output_dir(tmp_path / "none", resume=True, resumable=has_ckpt) == tmp_path / "none"
