@@ -105,6 +105,19 @@ def _set_threads(requested: int | None, verbose: bool) -> None:
         print(f"[agentgym] torch threads: {n} ({why}; {follow})")
 
 
+def _require_env(env_id: str) -> str:
+    """The full id of a registered env, or a usage error (exit 2) that lists the registered ids —
+    the one check every command that takes an env id makes."""
+    import agentgym
+    from agentgym.config import ConfigError
+    from agentgym.registry import full_id
+    full = full_id(env_id)
+    if full not in agentgym.list_envs():
+        raise ConfigError(f"env: no env {full!r}; registered: {', '.join(agentgym.list_envs())} "
+                          "(your own: --import MODULE)")
+    return full
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     import agentgym
     for env_id in agentgym.list_envs():
@@ -141,7 +154,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
     console = Console()
-    env = agentgym.make(args.env_id, **_parse_kv(args.env_kwarg))
+    env = agentgym.make(_require_env(args.env_id), **_parse_kv(args.env_kwarg))
     for ep in range(args.episodes):
         obs, info = env.reset(seed=None if args.seed is None else args.seed + ep)
         console.rule(f"{args.env_id} — episode {ep + 1}")
@@ -172,8 +185,7 @@ def cmd_play(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     import agentgym  # noqa: F401  (registers the built-ins)
     from agentgym.checking import fuzz_env, run_check_env
-    from agentgym.registry import full_id
-    env_id = full_id(args.env_id)
+    env_id = _require_env(args.env_id)
     kwargs = _parse_kv(args.env_kwarg)
     err = run_check_env(env_id, kwargs)
     print(f"check_env: {'passed' if err is None else 'FAILED'}")
@@ -206,13 +218,9 @@ def load_policy(spec: str, env_id: str | None = None, *, device: str | None = No
 def _validate_run(cfg: Any) -> None:
     """What can be checked before a model is loaded: the env is registered, the model spec exists
     (config values themselves are checked when the config is built)."""
-    import agentgym
     from agentgym.config import ConfigError
     from agentgym.policies.loading import check_model_spec
-    from agentgym.registry import full_id
-    env_id = full_id(cfg.env)
-    if env_id not in agentgym.list_envs():
-        raise ConfigError(f"env: no env {env_id!r}; registered: {', '.join(agentgym.list_envs())}")
+    _require_env(cfg.env)
     try:
         check_model_spec(cfg.model)
     except FileNotFoundError as e:
@@ -334,15 +342,11 @@ def _eval_config(args: argparse.Namespace) -> Any:
 def cmd_eval(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    import agentgym
     from agentgym.config import to_dict
     from agentgym.evaluation import evaluate
-    from agentgym.registry import full_id
     from agentgym.rollout import summarize
     cfg = _eval_config(args)
-    env_id = full_id(cfg.env)
-    if env_id not in agentgym.list_envs():
-        raise SystemExit(f"error: no env {env_id!r}; registered: {', '.join(agentgym.list_envs())}")
+    env_id = _require_env(cfg.env)
     _set_threads(getattr(args, "threads", None), verbose=True)
     policy = load_policy(cfg.policy, env_id, device=cfg.device, backend=cfg.backend)
     with tqdm(total=cfg.episodes * cfg.group_size, desc=f"eval {env_id}", unit="ep") as bar:
@@ -571,17 +575,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("play", help="play an episode yourself in the terminal")
-    p.add_argument("env_id")
-    p.add_argument("--episodes", type=int, default=1)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("env_id", help="registered env id, e.g. Arithmetic-v0 (agentgym list shows them)")
+    p.add_argument("--episodes", type=int, default=1, help="episodes to play (default 1)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the first episode (default: random)")
     p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE", help="env constructor argument")
     p.set_defaults(func=cmd_play)
 
     p = sub.add_parser("check", help="Gymnasium check_env plus a fuzz of malformed actions")
-    p.add_argument("env_id")
+    p.add_argument("env_id", help="registered env id, e.g. Arithmetic-v0 (agentgym list shows them)")
     p.add_argument("--actions", type=int, default=500, help="number of fuzzed actions")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fuzzer and the episodes (default 0)")
+    p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE", help="env constructor argument")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("eval", help="evaluate a policy or checkpoint on an env's held-out tasks (mean and std)",
@@ -597,21 +601,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=S, help="episodes per task")
     p.add_argument("--batch-size", type=int, default=S, help="episodes collected together (one generate call per turn)")
     p.add_argument("--first-task", type=int, default=S, help="evaluate tasks first-task, first-task+1, … (default: seeded random)")
-    p.add_argument("--seed", type=int, default=S)
-    p.add_argument("--max-new-tokens", type=int, default=S)
-    p.add_argument("--temperature", type=float, default=S)
-    p.add_argument("--top-p", type=float, default=S)
-    p.add_argument("--greedy", action="store_true", default=S)
+    p.add_argument("--seed", type=int, default=S, help="seed of task choice and sampling (default 0)")
+    p.add_argument("--max-new-tokens", type=int, default=S, help="tokens generated per turn at most")
+    p.add_argument("--temperature", type=float, default=S, help="sampling temperature")
+    p.add_argument("--top-p", type=float, default=S, help="nucleus sampling threshold")
+    p.add_argument("--greedy", action="store_true", default=S, help="greedy decoding (temperature 0)")
     p.add_argument("--style", choices=["chat", "continuation"], default=S, help="default: the env's")
-    p.add_argument("--max-obs-tokens", type=int, default=S)
-    p.add_argument("--max-context-tokens", type=int, default=S)
-    p.add_argument("--device", default=S)
+    p.add_argument("--max-obs-tokens", type=int, default=S, help="an env observation is cut to this many tokens")
+    p.add_argument("--max-context-tokens", type=int, default=S, help="an episode ends (truncated) beyond this")
+    p.add_argument("--device", default=S, help="cpu, cuda, cuda:1 … (default: cuda when there is one)")
     p.add_argument("--backend", choices=["hf", "vllm"], default=S,
                    help="generation engine (default: vllm on a CUDA machine where it is installed, else hf)")
     p.add_argument("--debug-checks", action="store_true", default=S, help="assert token-faithfulness invariants")
     p.add_argument("--html", default=S, metavar="FILE", help="write the HTML trajectory report")
     p.add_argument("--json", default=S, metavar="FILE", help="write config, metrics (mean, std) and trajectories as JSON")
-    p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE")
+    p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE", help="env constructor argument")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="EvalRunConfig overrides, e.g. episodes=32")
     p.set_defaults(func=cmd_eval)
 
@@ -619,38 +623,39 @@ def build_parser() -> argparse.ArgumentParser:
     rsub = p.add_subparsers(dest="retriever_command", required=True)
     q = rsub.add_parser("build-index", help="index a Search-R1 jsonl corpus (or the bundled world)")
     q.add_argument("corpus", help="corpus .jsonl path, or 'bundled'")
-    q.add_argument("--out", required=True)
-    q.add_argument("--kind", choices=["dense", "bm25"], default="dense")
+    q.add_argument("--out", required=True, help="index directory to write")
+    q.add_argument("--kind", choices=["dense", "bm25"], default="dense", help="dense (faiss) or bm25 (bm25s)")
     q.add_argument("--model", default=None, help="sentence-transformers path/name (default: PyPI all-MiniLM-L6-v2)")
-    q.add_argument("--index-type", choices=["flat", "hnsw", "ivf"], default="flat")
-    q.add_argument("--query-prefix", default=None)
-    q.add_argument("--passage-prefix", default=None)
-    q.add_argument("--device", default=None)
-    q.add_argument("--batch-size", type=int, default=64)
-    q.add_argument("--overwrite", action="store_true")
-    q.add_argument("--world-seed", type=int, default=0)
-    q.add_argument("--world-size", default="small")
+    q.add_argument("--index-type", choices=["flat", "hnsw", "ivf"], default="flat", help="faiss index kind (dense)")
+    q.add_argument("--query-prefix", default=None, help="text put before each query (e5: 'query: ')")
+    q.add_argument("--passage-prefix", default=None, help="text put before each passage (e5: 'passage: ')")
+    q.add_argument("--device", default=None, help="encoder device (default: cuda when there is one)")
+    q.add_argument("--batch-size", type=int, default=64, help="passages encoded per batch")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing index in --out")
+    q.add_argument("--world-seed", type=int, default=0, help="seed of the bundled world (corpus 'bundled')")
+    q.add_argument("--world-size", default="small", help="size of the bundled world (corpus 'bundled')")
     q.set_defaults(func=cmd_retriever_build)
     q = rsub.add_parser("serve", help="serve an index over HTTP (POST /retrieve, Search-R1 protocol)")
     q.add_argument("index", help="index directory from build-index, or 'bundled'")
     q.add_argument("--host", default="127.0.0.1", help="default loopback; 0.0.0.0 exposes it to the network")
-    q.add_argument("--port", type=int, default=8000)
-    q.add_argument("--max-topk", type=int, default=50)
+    q.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    q.add_argument("--max-topk", type=int, default=50, help="larger topk requests get HTTP 422")
     q.add_argument("--max-request-bytes", type=int, default=1 << 20,
                    help="larger request bodies get HTTP 413 (default 1 MiB)")
-    q.add_argument("--world-seed", type=int, default=0)
-    q.add_argument("--world-size", default="small")
+    q.add_argument("--world-seed", type=int, default=0, help="seed of the bundled world (index 'bundled')")
+    q.add_argument("--world-size", default="small", help="size of the bundled world (index 'bundled')")
     q.set_defaults(func=cmd_retriever_serve)
     q = rsub.add_parser("prep", help="FlashRAG jsonl question files -> Search-R1 train/test parquet")
     q.add_argument("source", help="directory laid out as <dataset>/<split>.jsonl")
-    q.add_argument("--out", required=True)
+    q.add_argument("--out", required=True, help="directory for train.parquet and test.parquet")
     q.add_argument("--datasets", default=None, help="comma-separated eval datasets (default: Search-R1's 7)")
     q.add_argument("--limit", type=int, default=None, help="rows per dataset (smoke runs)")
     q.set_defaults(func=cmd_retriever_prep)
 
     p = sub.add_parser("sandbox", help="code sandboxes: build-image (docker, offline), status (which backends work)",
                        add_help=False)
-    p.add_argument("sandbox_args", nargs=argparse.REMAINDER, metavar="build-image|status ...")
+    p.add_argument("sandbox_args", nargs=argparse.REMAINDER, metavar="build-image|status ...",
+                   help="the sandbox sub-command and its options (agentgym sandbox --help)")
     p.set_defaults(func=cmd_sandbox)
 
     p = sub.add_parser("train", help="train a policy with REINFORCE / PPO / GRPO (defaults: a short CPU run)")

@@ -35,6 +35,8 @@ class RunDirError(ConfigError):
 
 
 LOCK_NAME = ".agentgym.lock"
+#: the commands that can continue a run in place (``sft`` and ``dpo`` start over: TRL's trainers run whole)
+RESUMABLE = ("train", "compare")
 
 
 def _process_start(pid: int) -> str | None:
@@ -101,9 +103,9 @@ def prepare_output_dir(path: str | Path, *, resume: bool = False, overwrite: boo
     if existing:
         if not overwrite:
             shown = ", ".join(existing[:6]) + (", …" if len(existing) > 6 else "")
-            raise RunDirError(
-                f"output_dir {out} already holds files ({shown}); pick a new one (output_dir=...), "
-                f"continue that run with `agentgym {command} ... --resume`, or replace it with --overwrite")
+            how = f"continue that run with `agentgym {command} ... --resume`, " if command in RESUMABLE else ""
+            raise RunDirError(f"output_dir {out} already holds files ({shown}); pick a new one (output_dir=...), "
+                              f"{how}or replace it with --overwrite")
         for p in out.iterdir():
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)

@@ -195,3 +195,33 @@ def test_sandbox_status_and_help():
     assert res.returncode == 0 and "--if-missing" in res.stdout
     res = run_cli("sandbox", "bogus")
     assert res.returncode == 2 and "invalid choice" in res.stderr
+
+
+@pytest.mark.parametrize("argv", [["check", "Nope-v0"], ["play", "Nope-v0"], ["eval", "Nope-v0", "--policy", "oracle"],
+                                  ["train", "env=Nope-v0"], ["sft", "env=Nope-v0"], ["dpo", "env=Nope-v0"]])
+def test_an_unknown_env_is_a_usage_error_listing_the_ids_in_every_command(argv):
+    r = subprocess.run([sys.executable, "-m", "agentgym.cli", *argv], capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2, (argv, r.returncode, r.stderr[-500:])
+    err = r.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert "no env 'agentgym/Nope-v0'" in err and "agentgym/Arithmetic-v0" in err and "--import" in err
+
+
+def test_every_option_of_every_command_has_help():
+    import argparse
+
+    from agentgym.cli import build_parser
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif not isinstance(action, argparse._HelpAction) and not action.help:
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), "agentgym")
+    assert missing == []

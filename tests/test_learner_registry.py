@@ -30,7 +30,7 @@ from agentgym.rollout import RolloutConfig, RolloutEngine
 
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse fixture)
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "training.md"   # the "Add an algorithm" guide
 TEMPERATURE = 0.1
 
 
