@@ -1,6 +1,7 @@
 """Data-parallel training on torch.distributed: real gloo processes under torchrun (CPU).
 
-* two processes updating on a fixed global batch give the parameters of one process (≤ 1e-6);
+* two processes updating on a fixed global batch give the parameters of one process, up to fp32
+  summation order (:func:`assert_same_update`), and a deliberately wrong all-reduce is caught;
 * ``torchrun -m agentgym.cli train`` runs end to end, only rank 0 writes;
 * a killed-and-resumed two-process run matches an uninterrupted one.
 """
@@ -67,6 +68,16 @@ UPDATE_SCRIPT = textwrap.dedent("""
         if ctx is not None:
             dist.destroy_process_group()
 
+    import os
+    if os.environ.get("WRONG_ALL_REDUCE"):   # negative control: the test must catch a broken reduction
+        import agentgym.algorithms.distributed as D
+        right = D.all_reduce_gradients
+        def wrong(params, ctx, average=False):
+            if os.environ["WRONG_ALL_REDUCE"] == "skip":
+                return                                     # each rank keeps only its own gradients
+            right(params, ctx, average=True)               # averaged where the learner needs the sum
+        D.all_reduce_gradients = wrong
+
     run(sys.argv[1], sys.argv[2], fsdp=len(sys.argv) > 3 and sys.argv[3] == "fsdp",
         kl_coef=float(sys.argv[4]) if len(sys.argv) > 4 else 0.0, critic=sys.argv[5] if len(sys.argv) > 5 else "head")
 """)
@@ -79,50 +90,78 @@ def script(tmp_path_factory):
     return p
 
 
+LR = 1e-3   # the scripts' learning rate: AdamW's first step moves each weight by about LR
+
+
+def update_mismatch(a: dict, b: dict, lr: float = LR) -> list[str]:
+    """Where two one-step updates of the same weights differ by more than fp32 summation order explains.
+
+    Two processes add the same per-sample gradients in another order (each rank accumulates its
+    micro-batches, then one all-reduce), which changes a gradient entry by a few ulps of its partial
+    sums — how many depends on the CPU's kernels (bit-equal on the Xeon this was written on, 1.1e-6
+    on an AMD EPYC). AdamW's first step is ``lr·g/(|g| + eps)``: where ``|g| ≫ eps`` that is ``±lr``
+    whatever the rounding; only entries whose gradient is itself ~eps (near-cancelling sums) move by a
+    visible share of ``lr``. So the bound is relative to the update's size: every entry within 1 % of
+    ``lr``, and all but one in 10 000 within 0.1 % of it. A real divergence — a rank's gradients
+    missing, or averaged where they must be summed — moves a large share of the entries by ~``lr``
+    (the negative-control test below checks that this function reports it)."""
+    problems = []
+    diffs = torch.cat([(v - b["state"][k]).abs().reshape(-1) for k, v in a["state"].items()])
+    if diffs.max().item() > 1e-2 * lr:
+        problems.append(f"max |difference| {diffs.max().item():.3g} > 1 % of lr")
+    share = (diffs > 1e-3 * lr).float().mean().item()
+    if share > 1e-4:
+        problems.append(f"{share:.2%} of the entries differ by > 0.1 % of lr")
+    for key in ("loss", "policy_loss", "grad_norm"):
+        if a["metrics"][key] != pytest.approx(b["metrics"][key], rel=1e-5, abs=1e-6):
+            problems.append(f"{key}: {a['metrics'][key]} vs {b['metrics'][key]}")
+    return problems
+
+
+def _one_and_two(script, tmp_path, algo, *args: str, env: dict | None = None) -> tuple[dict, dict]:
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    r = subprocess.run([sys.executable, str(script), algo, str(one), *args], capture_output=True, text=True,
+                       env=ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    mode = ["fsdp", *args[1:]] if args else []
+    r = subprocess.run([*TORCHRUN, str(script), algo, str(two), *mode], capture_output=True, text=True,
+                       env=env or ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return torch.load(one), torch.load(two)
+
+
 @pytest.mark.parametrize("algo", ["grpo", "ppo", "reinforce"])
 def test_two_processes_match_one_on_a_fixed_global_batch(script, tmp_path, algo):
-    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    r = subprocess.run([sys.executable, str(script), algo, str(one)], capture_output=True, text=True, env=ENV,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run([*TORCHRUN, str(script), algo, str(two)], capture_output=True, text=True, env=ENV, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    a, b = torch.load(one), torch.load(two)
+    a, b = _one_and_two(script, tmp_path, algo)
     assert a["metrics"]["optimizer_steps"] == b["metrics"]["optimizer_steps"] == 1
     # 6 micro-batches: 3 on each rank; gradients summed across ranks = accumulated in one process
-    for k, v in a["state"].items():
-        assert (v - b["state"][k]).abs().max().item() <= 1e-6, k
+    assert set(a["state"]) == set(b["state"])
+    assert update_mismatch(a, b) == []
     start = TransformersPolicy.tiny_random(seed=0).model.state_dict()
     assert max((a["state"][k] - v).abs().max().item() for k, v in start.items()) > 1e-4   # it did learn
-    for key in ("loss", "policy_loss", "grad_norm", "advantage_std"):
-        assert a["metrics"][key] == pytest.approx(b["metrics"][key], rel=1e-5, abs=1e-6), key
+    assert a["metrics"]["advantage_std"] == pytest.approx(b["metrics"]["advantage_std"], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("wrong", ["skip", "average"])
+def test_a_wrong_all_reduce_is_caught(script, tmp_path, wrong):
+    """The tolerance above is loose enough for summation order, and no looser: a reduction that drops
+    the other rank's gradients, or averages where the learner needs their sum, fails it."""
+    a, b = _one_and_two(script, tmp_path, "grpo", env={**ENV, "WRONG_ALL_REDUCE": wrong})
+    assert update_mismatch(a, b) != []
 
 
 @pytest.mark.parametrize("algo,kl,critic", [("grpo", "0.1", "head"), ("ppo", "0.0", "head"), ("ppo", "0.1", "model")])
 def test_fsdp2_two_processes_match_one_process(script, tmp_path, algo, kl, critic):
     """FSDP2 (``fully_shard``) on CPU with gloo: the policy, the KL reference and a separate critic are
     sharded across two processes; one update on a fixed global batch equals one unsharded process."""
-    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    r = subprocess.run([sys.executable, str(script), algo, str(one), "plain", kl, critic], capture_output=True,
-                       text=True, env=ENV, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    r = subprocess.run([*TORCHRUN, str(script), algo, str(two), "fsdp", kl, critic], capture_output=True, text=True,
-                       env=ENV, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    a, b = torch.load(one), torch.load(two)
+    a, b = _one_and_two(script, tmp_path, algo, "plain", kl, critic)
     assert b["sharded"] == ["DTensor"] and a["sharded"] == ["Parameter"]   # the path under test really sharded
     assert a["metrics"]["optimizer_steps"] == b["metrics"]["optimizer_steps"] == 1
     assert set(a["state"]) == set(b["state"])
-    # AdamW's first step is lr·g/(|g| + eps): on entries whose gradient is ~eps a summation-order rounding
-    # of g (FSDP reduces per shard) moves the update by a visible fraction of lr (1e-3). So: a few entries
-    # within 1 % of lr, and (almost) all within 1e-6 as in the DDP test above.
-    diffs = torch.cat([(v - b["state"][k]).abs().reshape(-1) for k, v in a["state"].items()])
-    assert diffs.max().item() <= 1e-5, diffs.max().item()
-    assert (diffs > 1e-6).float().mean().item() <= 1e-4, (diffs > 1e-6).sum().item()
+    # FSDP reduces per shard: another summation order, the same bound as the DDP test above
+    assert update_mismatch(a, b) == []
     start = TransformersPolicy.tiny_random(seed=0).model.state_dict()
     assert max((a["state"][k] - v).abs().max().item() for k, v in start.items()) > 1e-4   # it did learn
-    for key in ("loss", "policy_loss", "grad_norm"):
-        assert a["metrics"][key] == pytest.approx(b["metrics"][key], rel=1e-5, abs=1e-6), key
     if critic == "model" or algo == "ppo":
         assert a["metrics"]["value_loss"] == pytest.approx(b["metrics"]["value_loss"], rel=1e-5, abs=1e-6)
 
