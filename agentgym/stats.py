@@ -12,6 +12,14 @@ Two situations, two tools (pure functions, numpy only):
 
 A difference is called significant when its 95 % interval excludes 0; everything else is reported as
 "not separable from noise" with the interval, never as a win.
+
+**Undefined intervals.** With one seed (or one item) there is no spread to estimate, and when every
+value agrees (all seeds reach the same reward; every task changes the same way) the interval has zero
+width: ``[+0.250, +0.250]`` says the samples agreed, not that the value is known exactly. The
+functions still return the numbers they compute (NaN bounds for one value, equal bounds for no
+spread); :func:`undefined_reason` names either case, :func:`format_ci` prints it as
+``n/a (1 seed)`` / ``n/a (seeds agree: no spread)``, and :func:`verdict` never calls such an interval
+significant (``"n/a"``).
 """
 
 from __future__ import annotations
@@ -21,7 +29,8 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["mean_ci", "diff_ci", "bootstrap_ci", "paired_bootstrap_ci", "t_quantile", "verdict"]
+__all__ = ["mean_ci", "diff_ci", "bootstrap_ci", "paired_bootstrap_ci", "t_quantile", "verdict",
+           "undefined_reason", "format_ci", "without_undefined"]
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -45,7 +54,8 @@ def _clean(values: Sequence[float]) -> np.ndarray:
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): Student's t interval over independent runs (seeds). One value: (v, nan, nan)."""
+    """(mean, low, high): Student's t interval over independent runs (seeds). One value: (v, nan, nan);
+    equal values: equal bounds (no interval, see :func:`undefined_reason`)."""
     a = _clean(values)
     if a.size == 0:
         return math.nan, math.nan, math.nan
@@ -57,7 +67,8 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float,
 
 
 def diff_ci(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """(mean(a) − mean(b), low, high): Welch's interval for independent groups of runs."""
+    """(mean(a) − mean(b), low, high): Welch's interval for independent groups of runs. Fewer than two
+    runs in a group: NaN bounds; no spread in both groups: (d, d, d) (no interval either)."""
     x, y = _clean(a), _clean(b)
     if x.size < 2 or y.size < 2:
         d = float(x.mean() - y.mean()) if x.size and y.size else math.nan
@@ -93,9 +104,45 @@ def paired_bootstrap_ci(after: Sequence[float], before: Sequence[float], level: 
     return bootstrap_ci(list(x - y), level, n_boot, seed)
 
 
-def verdict(ci: tuple[float, float, float]) -> str:
-    """"significant" when the interval excludes 0, else "noise" (or "n/a" without an interval)."""
+def undefined_reason(ci: tuple[float, float, float], n: int | None = None, unit: str = "seed") -> str | None:
+    """Why ``ci`` is no interval, or None when it is one (finite bounds, positive width).
+
+    ``n``: how many values it rests on (for a difference, the smaller group), when known; ``unit``
+    names them (``"seed"``, ``"task"``, ``"question"``). Zero width is judged relative to the bounds'
+    size, so float rounding of identical values (``0.1 * 3 / 3``) still counts as no spread.
+    """
     _, lo, hi = ci
-    if math.isnan(lo) or math.isnan(hi):
+    if n is not None and n < 2:
+        return "no data" if n < 1 else f"1 {unit}"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"fewer than 2 {unit}s"
+    if hi - lo <= 1e-12 * max(1.0, abs(lo), abs(hi)):
+        return f"{unit}s agree: no spread"
+    return None
+
+
+def format_ci(ci: tuple[float, float, float], n: int | None = None, unit: str = "seed", digits: int = 3,
+              signed: bool = True) -> str:
+    """``[low, high]``, or ``n/a (<reason>)`` where :func:`undefined_reason` finds no interval."""
+    reason = undefined_reason(ci, n, unit)
+    if reason is not None:
+        return f"n/a ({reason})"
+    sign = "+" if signed else ""
+    return f"[{ci[1]:{sign}.{digits}f}, {ci[2]:{sign}.{digits}f}]"
+
+
+def without_undefined(ci: tuple[float, float, float], n: int | None = None,
+                      unit: str = "seed") -> tuple[tuple[float, float, float], str | None]:
+    """``(ci with NaN bounds where it is undefined, the reason or None)``: for records (JSON) whose
+    readers should find no bounds rather than a zero-width interval that looks exact."""
+    reason = undefined_reason(ci, n, unit)
+    return ((ci[0], math.nan, math.nan) if reason else tuple(ci)), reason  # type: ignore[return-value]
+
+
+def verdict(ci: tuple[float, float, float]) -> str:
+    """"significant" when the interval excludes 0, else "noise"; "n/a" without an interval (NaN bounds)
+    or with a zero-width one (no spread: that is not evidence, see the module docstring)."""
+    _, lo, hi = ci
+    if undefined_reason(ci) is not None:
         return "n/a"
     return "significant" if lo > 0 or hi < 0 else "noise"

@@ -8,7 +8,9 @@ duplicated here — each in ``OUT/<algo>/seed<k>/``, then writes into ``OUT``:
   held-out evals before and after training (``phase=eval``, steps 0 and K);
 - ``compare.png``: mean ± std (over seeds) learning curves per algorithm, against episodes;
 - ``compare.md``: the summary table (definitions below it);
-- ``compare.json``: everything raw (resolved config, per-run histories, task digests, summary).
+- ``compare.json``: everything raw (resolved config, per-run histories, task digests, summary). An
+  interval that does not exist (one seed; every seed gave the same value, i.e. zero width) has NaN
+  bounds there and its reason beside it (``ci_undefined``, a difference's ``undefined``).
 
 **How the rollout budget is matched.** Every run collects ``groups_per_step × group_size``
 episodes per step (the trainer's layout), for every algorithm: GRPO's G groups × K samples *are* the
@@ -65,7 +67,7 @@ import numpy as np
 import torch
 
 from agentgym.config import load_config, to_dict
-from agentgym.stats import diff_ci, mean_ci, verdict
+from agentgym.stats import diff_ci, format_ci, mean_ci, verdict, without_undefined
 
 from agentgym.algorithms.learners import LEARNERS, LearnerConfig, learner_needs_groups
 from agentgym.algorithms.trainer import TrainConfig, Trainer
@@ -470,9 +472,9 @@ def summarize_runs(records: Sequence[RunRecord], variants: Sequence[Variant], pe
             "run_wall_s": _mean_std([r.wall_s for r in runs]),
             "tokens": _mean_std(np.nansum(tokens, axis=1)),
             # 95 % t intervals over seeds (agentgym.stats.mean_ci), and the per-seed values they rest on
-            "ci": {"final_reward": mean_ci(rewards[:, -1]), "final_success": mean_ci(success[:, -1]),
-                   "auc_reward": mean_ci(np.nanmean(rewards, axis=1)),
-                   "eval_success_after": mean_ci([_g(r.after, "eval/success_rate") for r in runs])},
+            **_seed_intervals({"final_reward": rewards[:, -1], "final_success": success[:, -1],
+                               "auc_reward": np.nanmean(rewards, axis=1),
+                               "eval_success_after": [_g(r.after, "eval/success_rate") for r in runs]}),
             "per_seed": {"final_reward": rewards[:, -1].tolist(), "auc_reward": np.nanmean(rewards, axis=1).tolist(),
                          "eval_success_after": [_g(r.after, "eval/success_rate") for r in runs]},
         }
@@ -481,17 +483,39 @@ def summarize_runs(records: Sequence[RunRecord], variants: Sequence[Variant], pe
     return out
 
 
+def _finite_count(values: Sequence[float]) -> int:
+    return int(np.isfinite(np.asarray(values, dtype=float)).sum())
+
+
+def _seed_intervals(per_metric: Mapping[str, Sequence[float]]) -> dict[str, dict[str, Any]]:
+    """``ci``: metric -> (mean, low, high) over seeds, NaN bounds where no interval exists (one seed, or
+    every seed gave the same value); ``ci_undefined``: metric -> why not (``"1 seed"``, ``"seeds agree:
+    no spread"``), only for those. A zero-width interval is kept out of the record because a reader
+    of ``compare.json`` would take it for an exact value."""
+    cis: dict[str, Any] = {}
+    reasons: dict[str, str] = {}
+    for metric, values in per_metric.items():
+        cis[metric], reason = without_undefined(mean_ci(values), _finite_count(values))
+        if reason:
+            reasons[metric] = reason
+    return {"ci": cis, "ci_undefined": reasons}
+
+
 def _pairwise_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every pair of variants, per metric: Welch's 95 % interval of the difference of seed means and
-    whether it excludes 0 (:func:`agentgym.stats.verdict`)."""
+    whether it excludes 0 (:func:`agentgym.stats.verdict`). Where it does not exist (a variant with one
+    seed; both variants' seeds agreeing among themselves) ``low``/``high`` are NaN, ``undefined`` says
+    why and the verdict is ``n/a``: such a difference is never called significant."""
     labels = [k for k in summary if not k.startswith("_")]
     rows = []
     for i, a in enumerate(labels):
         for b in labels[i + 1:]:
             for metric in ("final_reward", "auc_reward", "eval_success_after"):
-                ci = diff_ci(summary[a]["per_seed"][metric], summary[b]["per_seed"][metric])
+                xa, xb = summary[a]["per_seed"][metric], summary[b]["per_seed"][metric]
+                raw = diff_ci(xa, xb)
+                ci, reason = without_undefined(raw, min(_finite_count(xa), _finite_count(xb)))
                 rows.append({"a": a, "b": b, "metric": metric, "diff": ci[0], "low": ci[1], "high": ci[2],
-                             "verdict": verdict(ci)})
+                             "verdict": verdict(raw), "undefined": reason})
     return rows
 
 
@@ -591,8 +615,9 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
             continue
         reach = "—" if s["episodes_to_threshold"] is None else str(s["episodes_to_threshold"])
         if "ci" in s:
-            lines.append(f"| `{label}` (95 % CI) | {_fmt_ci(s['ci']['final_reward'])} | {_fmt_ci(s['ci']['final_success'])} | "
-                         f"{_fmt_ci(s['ci']['auc_reward'])} | | → {_fmt_ci(s['ci']['eval_success_after'])} | | | | |")
+            ci = {k: _fmt_ci(s["ci"][k], s.get("ci_undefined", {}).get(k)) for k in s["ci"]}
+            lines.append(f"| `{label}` (95 % CI) | {ci['final_reward']} | {ci['final_success']} | "
+                         f"{ci['auc_reward']} | | → {ci['eval_success_after']} | | | | |")
         lines.append(f"| `{label}` | {_fmt(s['final_reward'], signed=True)} | {_fmt(s['final_success'], 2)} | "
                      f"{_fmt(s['auc_reward'], signed=True)} | {reach} | {_fmt(s['eval_success_before'], 2)} → "
                      f"{_fmt(s['eval_success_after'], 2)} | {_fmt(s['eval_reward_after'], signed=True)} | "
@@ -605,24 +630,31 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
               "algo improved on r0. *held-out*: greedy, on the same "
               f"{base.eval.episodes} test tasks before and after. *train s*: the training loop (rollouts + updates); "
               "*run wall*: also model copy and both evals. *95 % CI*: Student's t interval over seeds (with few "
-              "seeds it is wide; a bootstrap over 3 seeds would be falsely narrow).", ""]
+              "seeds it is wide; a bootstrap over 3 seeds would be falsely narrow). *n/a (1 seed)*: one seed has "
+              "no spread to estimate; *n/a (seeds agree: no spread)*: every seed gave the same value, so the "
+              "interval would have zero width, which means the seeds agreed, not that the value is exact. "
+              "Neither is an interval, and a difference without one is never called significant.", ""]
     diffs = summary.get("_differences", [])
     if diffs:
         lines += ["**Which differences are significant** (difference of seed means, Welch 95 % interval; "
-                  "*significant* = the interval excludes 0, *noise* = it does not):", "",
+                  "*significant* = the interval excludes 0, *noise* = it does not, *n/a* = there is no interval: "
+                  "a variant has one seed, or each variant's seeds agree exactly, see above):", "",
                   "| a − b | metric | difference | 95 % CI | verdict |", "|---|---|---:|---:|---|"]
         for d in diffs:
-            ci = "—" if math.isnan(d["low"]) else f"[{d['low']:+.3f}, {d['high']:+.3f}]"
+            ci = _fmt_ci((d["diff"], d["low"], d["high"]), d.get("undefined"))
             lines.append(f"| `{d['a']}` − `{d['b']}` | {d['metric']} | {d['diff']:+.3f} | {ci} | {d['verdict']} |")
-        sig = [d for d in diffs if d["verdict"] == "significant"]
-        lines += ["", f"{len(sig)} of {len(diffs)} differences are significant at 95 %; "
-                  + ("the rest cannot be told apart from seed noise with this budget." if len(sig) < len(diffs)
-                     else "all separate from seed noise."), ""]
+        sig = sum(d["verdict"] == "significant" for d in diffs)
+        undefined = sum(d["verdict"] == "n/a" for d in diffs)
+        rest = len(diffs) - sig - undefined
+        lines += ["", f"{sig} of {len(diffs)} differences are significant at 95 %"
+                  + (f"; {undefined} have no interval (n/a) and are not judged" if undefined else "")
+                  + ("; the rest cannot be told apart from seed noise with this budget." if rest
+                     else "." if undefined else "; all separate from seed noise."), ""]
     return "\n".join(lines)
 
 
-def _fmt_ci(ci: tuple[float, float, float]) -> str:
-    m, lo, hi = ci
-    if math.isnan(lo):
-        return "—"
-    return f"[{lo:+.3f}, {hi:+.3f}]"
+def _fmt_ci(ci: tuple[float, float, float], reason: str | None = None) -> str:
+    """``[low, high]``, or ``n/a (<reason>)`` for a recorded undefined interval (its bounds are NaN)."""
+    if reason is not None:
+        return f"n/a ({reason})"
+    return format_ci(ci)

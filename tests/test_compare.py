@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -155,3 +156,33 @@ def test_trl_grpo_runs_with_the_same_budget(tmp_path):
         ("grpo", "1", "4"), ("grpo", "2", "8"), ("trl-grpo", "1", "4"), ("trl-grpo", "2", "8")]
     assert result["same_tasks"] == "yes (not recorded for trl-grpo)"
     assert result["summary"]["trl-grpo"]["eval_success_after"][0] >= 0.0
+
+
+def test_undefined_intervals_are_reported_as_such_never_as_significant():
+    """Seeds that all agree (zero variance) and a variant with one seed: the table prints n/a with the
+    reason instead of a zero-width [+0.250, +0.250], no such difference is significant, the legend says
+    why, and compare.json carries NaN bounds with the reason (its readers see no interval)."""
+    from agentgym.algorithms.compare import markdown_table
+    from agentgym.algorithms.trainer import TrainConfig
+    runs = [_record("flat_hi", s, [0.0, 0.75]) for s in range(3)] + \
+           [_record("flat_lo", s, [0.0, 0.5]) for s in range(3)] + [_record("single", 0, [0.0, 0.6])]
+    variants = [Variant(v, v) for v in ("flat_hi", "flat_lo", "single")]
+    s = summarize_runs(runs, variants, per_step=4, threshold=0.8)
+    assert s["flat_hi"]["ci_undefined"]["final_reward"] == "seeds agree: no spread"
+    assert s["single"]["ci_undefined"]["final_reward"] == "1 seed"
+    assert all(math.isnan(s["flat_hi"]["ci"]["final_reward"][i]) for i in (1, 2))
+    rows = {(d["a"], d["b"], d["metric"]): d for d in s["_differences"]}
+    flat = rows[("flat_hi", "flat_lo", "final_reward")]
+    assert flat["diff"] == pytest.approx(0.25) and flat["verdict"] == "n/a" and flat["undefined"] == "seeds agree: no spread"
+    assert math.isnan(flat["low"]) and math.isnan(flat["high"])
+    assert rows[("flat_hi", "single", "final_reward")]["undefined"] == "1 seed"
+    assert not any(d["verdict"] == "significant" for d in s["_differences"])
+    back = json.loads(json.dumps(s, default=cmp._json_default))       # what compare.json holds
+    assert math.isnan(back["_differences"][0]["low"]) and back["_differences"][0]["undefined"]
+
+    md = markdown_table(s, TrainConfig(), [0, 1, 2], 2, 4, 0.8, "yes")
+    assert "[+0.250, +0.250]" not in md and "| +0.250 | n/a (seeds agree: no spread) | n/a |" in md
+    assert "n/a (1 seed)" in md and "| significant |" not in md
+    assert "*n/a (seeds agree: no spread)*: every seed gave the same value" in md      # the legend
+    assert "0 of 9 differences are significant at 95 %; 9 have no interval (n/a) and are not judged." in md
+

@@ -108,3 +108,25 @@ def test_small_scale_rl_beats_no_search(tmp_path):
     none = result["stats"]["none_base"]["em_overall"][0]
     assert rl >= none + 0.20, (rl, none)
     assert result["stats"]["grpo_masked"]["searches"][0] > 0.3   # it still searches: not a collapse to answering
+
+
+def test_no_spread_intervals_are_reported_as_undefined():
+    """Two arms that score 0 on every question (the tiny model's usual result): each arm's bootstrap
+    interval and their paired difference have zero width; the table prints n/a with the reason, the
+    comparison is not counted as excluding 0, and the JSON difference has NaN bounds with the reason."""
+    mod = _module()
+    qs = [{"task_index": i, "type": t, "em": 0.0, "searches": 0.0, "invalid": 0.0, "answered": 1.0,
+           "found_gold": 0.0, "response_tokens": 5.0} for i, t in enumerate(mod.QTYPES * 2)]
+    a, b = [qs, qs], [qs, qs]                                  # two seeds each, all agreeing
+    sa, sb = mod.arm_stats(a, n_boot=200), mod.arm_stats(b, n_boot=200)
+    assert sa["em_overall"] == (0.0, 0.0, 0.0) and sa["ci_undefined"]["em_overall"] == "questions agree: no spread"
+    assert sa["ci_undefined"]["em_seed_t_ci"] == "seeds agree: no spread" and math.isnan(sa["em_seed_t_ci"][1])
+    assert mod.fmt_ci(sa["em_overall"], sa["ci_undefined"]["em_overall"]) == "0.000, CI n/a (questions agree: no spread)"
+    c = mod.compare(a, b, sa, sb, n_boot=200)
+    o = c["overall"]
+    assert o["verdict"] == "n/a" and o["undefined"] == "questions agree: no spread" and math.isnan(o["ci_low"])
+    assert c["seed_welch"]["verdict"] == "n/a" and c["seed_welch"]["undefined"] == "seeds agree: no spread"
+    assert mod.fmt_diff(o) == "+0.000, CI n/a (questions agree: no spread)"
+    assert json.loads(json.dumps(c, default=float))["overall"]["undefined"] == "questions agree: no spread"
+    spread = {"diff": 0.1, "ci_low": -0.05, "ci_high": 0.25, "verdict": "noise", "undefined": None}
+    assert mod.fmt_diff(spread) == "+0.100 [-0.05, +0.25]"

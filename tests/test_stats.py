@@ -54,3 +54,29 @@ def test_compare_table_says_which_differences_are_significant():
     assert by[("ppo", "reinforce", "final_reward")] == "noise"
     md = markdown_table(summary, TrainConfig(), [0, 1, 2], 2, 4, 0.8, "yes")
     assert "Which differences are significant" in md and "| significant |" in md and "| noise |" in md
+
+
+def test_zero_width_and_one_value_intervals_are_undefined_not_exact():
+    """All seeds agreeing gives a zero-width t interval; it says the seeds agreed, not that the value is
+    exact, so it is reported as n/a and never called significant (it used to be, as [+0.250, +0.250])."""
+    from agentgym.stats import format_ci, undefined_reason, without_undefined
+    agree = mean_ci([0.25, 0.25, 0.25])
+    assert agree[0] == 0.25 and agree[1] == agree[2]                       # the numbers are still returned
+    assert undefined_reason(agree, 3) == "seeds agree: no spread" and format_ci(agree, 3) == "n/a (seeds agree: no spread)"
+    assert undefined_reason(mean_ci([0.1, 0.1, 0.1])) == "seeds agree: no spread"    # float rounding is no spread
+    assert format_ci(mean_ci([5.0]), n=1) == "n/a (1 seed)" and format_ci(mean_ci([5.0])) == "n/a (fewer than 2 seeds)"
+    assert format_ci(mean_ci([1.0, 2.0, 3.0])) == "[-0.484, +4.484]" and undefined_reason(mean_ci([1.0, 2.0])) is None
+    # a difference between two groups whose seeds each agree: was "significant" (0.25 excludes 0)
+    d = diff_ci([0.5, 0.5, 0.5], [0.25, 0.25, 0.25])
+    assert d == (0.25, 0.25, 0.25) and verdict(d) == "n/a"
+    assert verdict((0.25, math.nan, math.nan)) == "n/a" and verdict((0.0, 0.0, 0.0)) == "n/a"
+    ci, reason = without_undefined(d, 3)
+    assert ci[0] == 0.25 and math.isnan(ci[1]) and math.isnan(ci[2]) and reason == "seeds agree: no spread"
+    assert without_undefined((1.0, 0.5, 1.5)) == ((1.0, 0.5, 1.5), None)
+    # one group with spread and one without is a real Welch interval
+    assert verdict(diff_ci([0.5, 0.5, 0.5], [0.1, 0.2, 0.3])) == "significant"
+    # tasks: every task changed by the same amount (here +1 on all 4) -> the paired bootstrap has no spread
+    paired = paired_bootstrap_ci([1, 1, 1, 1], [0, 0, 0, 0])
+    assert paired == (1.0, 1.0, 1.0) and verdict(paired) == "n/a"
+    assert format_ci(paired, 4, "task") == "n/a (tasks agree: no spread)"
+    assert format_ci(bootstrap_ci([1.0]), 1, "question") == "n/a (1 question)"

@@ -220,40 +220,70 @@ def per_question(runs: list[list[dict]], key: str, qtype: str | None = None) -> 
 
 
 def arm_stats(runs: list[list[dict]], n_boot: int) -> dict[str, Any]:
-    from agentgym.stats import bootstrap_ci, mean_ci
-    s: dict[str, Any] = {"seeds": len(runs), "questions": len(runs[0])}
+    """One arm's EM (overall and per type) with bootstrap CIs over questions, and its per-seed EMs.
+
+    ``ci_undefined``: the EM intervals that do not exist and why, e.g. every question scored the same
+    (``questions agree: no spread``): their bounds stay the bootstrap's (equal) numbers, but the table
+    prints n/a. ``em_seed_t_ci`` has NaN bounds when there is no interval over seeds."""
+    from agentgym.stats import bootstrap_ci, mean_ci, undefined_reason, without_undefined
+    s: dict[str, Any] = {"seeds": len(runs), "questions": len(runs[0]), "ci_undefined": {}}
     for qt in (None, *QTYPES):
-        vals = per_question(runs, "em", qt)
-        s[f"em_{qt or 'overall'}"] = bootstrap_ci(vals, n_boot=n_boot) if vals else (math.nan,) * 3
+        key, vals = f"em_{qt or 'overall'}", per_question(runs, "em", qt)
+        s[key] = bootstrap_ci(vals, n_boot=n_boot) if vals else (math.nan,) * 3
+        reason = undefined_reason(s[key], len(vals), "question")
+        if reason:
+            s["ci_undefined"][key] = reason
     for key in ("searches", "invalid", "answered", "found_gold", "response_tokens"):
         s[key] = bootstrap_ci(per_question(runs, key), n_boot=n_boot)
     s["em_per_seed"] = [sum(r["em"] for r in run) / len(run) for run in runs]
-    s["em_seed_t_ci"] = mean_ci(s["em_per_seed"]) if len(runs) > 1 else None
+    s["em_seed_t_ci"] = None
+    if len(runs) > 1:
+        s["em_seed_t_ci"], reason = without_undefined(mean_ci(s["em_per_seed"]), len(runs))
+        if reason:
+            s["ci_undefined"]["em_seed_t_ci"] = reason
     return s
 
 
+def _difference(raw: tuple[float, float, float], n: int, unit: str) -> dict[str, Any]:
+    """A difference's record: NaN bounds and the reason (``undefined``) where there is no interval, e.g.
+    every question changed by the same amount, so a zero-width interval is never read as exact; the
+    verdict is then ``n/a``, never significant."""
+    from agentgym.stats import verdict, without_undefined
+    ci, reason = without_undefined(raw, n, unit)
+    return {"diff": ci[0], "ci_low": ci[1], "ci_high": ci[2], "verdict": verdict(raw), "undefined": reason}
+
+
 def compare(a: list[list[dict]], b: list[list[dict]], sa: dict, sb: dict, n_boot: int) -> dict[str, Any]:
-    from agentgym.stats import diff_ci, paired_bootstrap_ci, verdict
+    from agentgym.stats import diff_ci, paired_bootstrap_ci
     out: dict[str, Any] = {}
     # seed-to-seed variation, which the question bootstrap (seeds held fixed) does not cover: Welch's
     # interval over the per-seed EMs when both arms have several seeds
     if sa["seeds"] > 1 and sb["seeds"] > 1:
-        d = diff_ci(sa["em_per_seed"], sb["em_per_seed"])
-        out["seed_welch"] = {"diff": d[0], "ci_low": d[1], "ci_high": d[2], "verdict": verdict(d)}
+        out["seed_welch"] = _difference(diff_ci(sa["em_per_seed"], sb["em_per_seed"]),
+                                        min(sa["seeds"], sb["seeds"]), "seed")
     for qt in (None, *QTYPES):
         k = qt or "overall"
         x, y = per_question(a, "em", qt), per_question(b, "em", qt)
-        ci = paired_bootstrap_ci(x, y, n_boot=n_boot)
         (_, lo_a, hi_a), (_, lo_b, hi_b) = sa[f"em_{k}"], sb[f"em_{k}"]
-        out[k] = {"diff": ci[0], "ci_low": ci[1], "ci_high": ci[2], "verdict": verdict(ci),
+        out[k] = {**_difference(paired_bootstrap_ci(x, y, n_boot=n_boot), len(x), "question"),
                   "marginal_cis_overlap": bool(lo_a <= hi_b and lo_b <= hi_a)}
     return out
 
 
 # ----------------------------------------------------------------------------- outputs
-def fmt_ci(c: Any) -> str:
+def fmt_ci(c: Any, undefined: str | None = None) -> str:
+    """``EM [low, high]``; ``EM, CI n/a (<why>)`` where the interval does not exist (``undefined``)."""
     m, lo, hi = c
-    return "n/a" if m is None or math.isnan(m) else f"{m:.3f} [{lo:.2f}, {hi:.2f}]"
+    if m is None or math.isnan(m):
+        return "n/a"
+    return f"{m:.3f}, CI n/a ({undefined})" if undefined else f"{m:.3f} [{lo:.2f}, {hi:.2f}]"
+
+
+def fmt_diff(d: dict[str, Any]) -> str:
+    """A difference's table cell: ``Δ [low, high]``, or ``Δ, CI n/a (<why>)``."""
+    if d.get("undefined") or math.isnan(d["ci_low"]):
+        return f"{d['diff']:+.3f}, CI n/a ({d.get('undefined') or 'no interval'})"
+    return f"{d['diff']:+.3f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -270,23 +300,25 @@ def markdown(result: dict[str, Any]) -> str:
              "|---|---:|---|---|---|---|---:|---:|---:|---|"]
     for key, s in stats.items():
         seeds = ", ".join(f"{v:.3f}" for v in s["em_per_seed"]) if s["seeds"] > 1 else ""
-        lines.append(f"| {LABELS.get(key, key)} | {s['seeds']} | {fmt_ci(s['em_overall'])} | {fmt_ci(s['em_single_hop'])} | "
-                     f"{fmt_ci(s['em_multi_hop'])} | {fmt_ci(s['em_no_search'])} | {s['searches'][0]:.2f} | "
+        em = {c: fmt_ci(s[f"em_{c}"], s.get("ci_undefined", {}).get(f"em_{c}")) for c in ("overall", *QTYPES)}
+        lines.append(f"| {LABELS.get(key, key)} | {s['seeds']} | {em['overall']} | {em['single_hop']} | "
+                     f"{em['multi_hop']} | {em['no_search']} | {s['searches'][0]:.2f} | "
                      f"{s['invalid'][0]:.2f} | {s['answered'][0]:.2f} | {seeds} |")
-    lines += ["", "Comparisons (paired bootstrap over questions of the EM difference; 'excludes 0' = the 95 % CI of "
+    lines += ["", "*CI n/a (questions agree: no spread)*: every question scored the same (or, for a difference, "
+              "changed by the same amount), so the bootstrap interval has zero width: the questions agreed, the "
+              "value is not known exactly. No such interval is counted as excluding 0 ('n/a' below).", "",
+              "Comparisons (paired bootstrap over questions of the EM difference; 'excludes 0' = the 95 % CI of "
               "the difference excludes 0; 'CIs overlap' = the two arms' own CIs overlap):", "",
               "| comparison | Δ EM overall [95 % CI] | excludes 0 | CIs overlap | Δ single_hop | Δ multi_hop | Δ no_search | "
               "Δ over seeds (Welch t, 3 v 3 runs) |",
               "|---|---|---|---|---|---|---|---|"]
     for name, c in comps.items():
         o = c["overall"]
-        c = {k: v for k, v in c.items()}
-        cell = lambda k: f"{c[k]['diff']:+.3f} [{c[k]['ci_low']:+.2f}, {c[k]['ci_high']:+.2f}]"  # noqa: E731
         w = c.get("seed_welch")
-        welch = f"{w['diff']:+.3f} [{w['ci_low']:+.2f}, {w['ci_high']:+.2f}]" if w else "—"
-        lines.append(f"| {name} | {cell('overall')} | {'yes' if o['verdict'] == 'significant' else 'no'} | "
-                     f"{'yes' if o['marginal_cis_overlap'] else 'no'} | {cell('single_hop')} | {cell('multi_hop')} | "
-                     f"{cell('no_search')} | {welch} |")
+        excludes = {"significant": "yes", "noise": "no"}.get(o["verdict"], "n/a")
+        lines.append(f"| {name} | {fmt_diff(o)} | {excludes} | "
+                     f"{'yes' if o['marginal_cis_overlap'] else 'no'} | {fmt_diff(c['single_hop'])} | "
+                     f"{fmt_diff(c['multi_hop'])} | {fmt_diff(c['no_search'])} | {fmt_diff(w) if w else '—'} |")
     sft = result["sft"]
     lines += ["", f"SFT warm start: {sft['kept']} oracle episodes (train split) kept of {sft['episodes']}, "
               f"{sft['steps']} optimizer steps, loss {sft['loss_first']:.3f} → {sft['loss_last']:.3f}; "
