@@ -184,4 +184,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from _common import run_interruptible   # benchmarks/ is sys.path[0] when this runs as a script
+    raise SystemExit(run_interruptible(main))   # Ctrl-C: one line and status 130, no traceback

@@ -185,7 +185,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--pushes", type=int, default=3)
     ap.add_argument("--sections", default="envs,generation,ddp,weight_push")
-    ap.add_argument("--out", default="benchmarks/results/scale_out.json")
+    ap.add_argument("--out", default="runs/benchmarks/scale_out.json",
+                    help="JSON (default under git-ignored runs/; the committed numbers are "
+                         "benchmarks/results/scale_out*.json: name that file to refresh it)")
     args = ap.parse_args()
     from agentgym.ray_envs import ensure_ray
     ensure_ray(num_cpus=2)
@@ -207,4 +209,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _common import run_interruptible   # benchmarks/ is sys.path[0] when this runs as a script
+    raise SystemExit(run_interruptible(main))   # Ctrl-C: one line and status 130, no traceback

@@ -130,3 +130,60 @@ def test_no_spread_intervals_are_reported_as_undefined():
     assert json.loads(json.dumps(c, default=float))["overall"]["undefined"] == "questions agree: no spread"
     spread = {"diff": 0.1, "ci_low": -0.05, "ci_high": 0.25, "verdict": "noise", "undefined": None}
     assert mod.fmt_diff(spread) == "+0.100 [-0.05, +0.25]"
+
+
+def test_default_out_is_untracked_so_a_run_keeps_the_committed_results():
+    """Without --out the study writes under runs/ (git-ignored), not into benchmarks/search_r1/results."""
+    import subprocess
+    out = _module().parse_args([]).out
+    assert Path(out).parts[0] == "runs" and "benchmarks" not in Path(out).parts
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{out}/small_scale.json"], cwd=ROOT)
+    assert ignored.returncode == 0, f"{out} is not git-ignored"
+
+
+def test_ctrl_c_prints_one_line_exits_130_and_resume_continues(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) once the baselines are recorded and the
+    SFT warm start is under way: exit 130, no traceback, one line naming what was kept and --resume.
+    Then --resume reuses the two finished evals and completes the study."""
+    import os
+    import queue
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    args = ["--quick", "--model", "tiny-random", "--retriever", "bm25", "--threads", "1", "--eval-per-type", "1",
+            "--arms", "grpo_masked", "--n-boot", "200", "--out", str(tmp_path / "out"), "--runs-dir", str(tmp_path / "runs")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # SIGINT at its default in the child even when pytest runs as a background job (which ignores it);
+    # stderr (progress bars) to a file, so that a full pipe can never stall the child
+    stderr = tmp_path / "stderr.txt"
+    with stderr.open("w") as err_file:
+        p = subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=subprocess.PIPE, stderr=err_file,
+                             text=True, env=env, cwd=tmp_path, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in p.stdout], daemon=True).start()
+    deadline, seen = time.monotonic() + 240, []
+    while not any(" SFT: " in line for line in seen):      # the warm start has begun: (a) and (b) are done
+        assert time.monotonic() < deadline and p.poll() is None, "".join(seen) + stderr.read_text()
+        try:
+            seen.append(lines.get(timeout=1))
+        except queue.Empty:
+            pass
+    time.sleep(1)
+    os.killpg(p.pid, signal.SIGINT)
+    assert p.wait(timeout=120) == 130
+    err = stderr.read_text()
+    assert "Traceback" not in err, err
+    said = [line for line in err.splitlines() if line.startswith("interrupted:")]
+    assert len(said) == 1 and "--resume" in said[0] and "none_base, rag_base" in said[0], err
+    assert not (tmp_path / "out" / "small_scale.json").exists()
+
+    r = subprocess.run([sys.executable, str(SCRIPT), *args, "--resume"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "--resume: reusing none_base, rag_base from" in r.stdout
+    assert "eval (a) no search" not in r.stdout and "eval (c) SFT only" in r.stdout   # only what was left ran
+    result = _check_outputs(tmp_path / "out", ["none_base", "rag_base", "sft", "grpo_masked"], questions=3)
+    assert result["meta"]["resumed"] == ["none_base", "rag_base"]

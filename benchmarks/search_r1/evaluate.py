@@ -145,4 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.exit(main())
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # benchmarks/: the scripts' shared helpers
+    from _common import run_interruptible
+    sys.exit(run_interruptible(main))   # Ctrl-C: one line and status 130, no traceback

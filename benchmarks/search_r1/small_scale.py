@@ -21,12 +21,16 @@ covers question sampling, not seed-to-seed variation, which is reported separate
 and a t interval over seeds). Comparisons are paired bootstraps over questions (``paired_bootstrap_ci``).
 
 Writes ``OUT/small_scale.json`` (config, machine, load, command, wall time per phase, every
-per-question result), ``OUT/small_scale.md`` (the tables) and ``OUT/small_scale.png``; the runs'
-own artifacts go under ``--runs-dir`` (gitignored ``runs/``; RL checkpoints are deleted after each run
-unless ``--keep-checkpoints``).
+per-question result), ``OUT/small_scale.md`` (the tables) and ``OUT/small_scale.png``; ``OUT`` is
+``runs/search_r1_small/results`` unless ``--out`` says otherwise (the committed study in
+``benchmarks/search_r1/results`` changes only when it is named). The runs' own artifacts go under
+``--runs-dir`` (gitignored ``runs/``; RL checkpoints are deleted after each run unless
+``--keep-checkpoints``), with ``progress.json``: every finished phase, so that Ctrl-C (one line, exit
+130) or a killed session loses only the phase under way and ``--resume`` continues.
 
     python benchmarks/search_r1/small_scale.py --threads 1           # the default study
     python benchmarks/search_r1/small_scale.py --threads 1 --quick   # smoke run (minutes)
+    python benchmarks/search_r1/small_scale.py --threads 1 --resume  # continue it after Ctrl-C
 """
 
 from __future__ import annotations
@@ -72,8 +76,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--config", default=str(HERE / "configs" / "smollm2_small.yaml"))
-    p.add_argument("--out", default=str(HERE / "results"), help="JSON, markdown table and PNG")
-    p.add_argument("--runs-dir", default="runs/search_r1_small", help="SFT and RL runs' own artifacts")
+    p.add_argument("--out", default="runs/search_r1_small/results",
+                   help="JSON, markdown table and PNG (the committed study is benchmarks/search_r1/results: "
+                        "pass that explicitly to refresh it)")
+    p.add_argument("--runs-dir", default="runs/search_r1_small",
+                   help="SFT and RL runs' own artifacts, and progress.json (the finished phases, for --resume)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted study with the same settings: reuse the finished evals, RL runs "
+                        "and SFT model recorded in RUNS_DIR/progress.json")
     p.add_argument("--model", default=None, help="default: the config's (smollm2); tiny-random for tests")
     p.add_argument("--retriever", default=None, help="dense | bm25; default: the config's")
     p.add_argument("--eval-per-type", type=int, default=None,
@@ -423,6 +433,78 @@ def replot(path: Path, out: Path, n_boot: int) -> int:
     return 0
 
 
+class Progress:
+    """The study's finished phases, saved in ``RUNS_DIR/progress.json`` after each one.
+
+    An interrupted study (Ctrl-C, a killed session) keeps every finished eval, RL run and the SFT model,
+    so ``--resume`` continues it instead of redoing up to an hour of work. The file is taken over only
+    by a run with the same settings (``fingerprint``: the resolved config and the study's flags), and an
+    RL run counts as finished only once its held-out eval is recorded.
+    """
+
+    def __init__(self, path: Path, fingerprint: dict[str, Any]):
+        self.path = path
+        self.fingerprint = json.loads(json.dumps(fingerprint, default=str))
+        self.records: dict[str, list[list[dict]]] = {}
+        self.rl: dict[str, list[dict]] = {}
+        self.timings: dict[str, float] = {}
+        self.sft: dict[str, Any] | None = None
+        self.sft_config: dict[str, Any] | None = None
+        self.reused: list[str] = []
+        self._started, self._elapsed_before = time.perf_counter(), 0.0
+
+    def load(self) -> None:
+        """Take over an earlier run's finished phases (``--resume``); a file from other settings is an error."""
+        if not self.path.exists():
+            return
+        old = json.loads(self.path.read_text())
+        if old.get("fingerprint") != self.fingerprint:
+            raise ValueError(f"--resume: {self.path} is from a study with other settings; "
+                             "run without --resume to start again")
+        if old["sft"] and not Path(old["sft"]["model_dir"]).is_dir():
+            raise ValueError(f"--resume: the SFT model {old['sft']['model_dir']} the finished phases used is gone; "
+                             "run without --resume to start again")
+        self.records, self.rl, self.timings = old["records"], old["rl"], old["timings"]
+        self.sft, self.sft_config = old["sft"], old["sft_config"]
+        self._elapsed_before = float(old.get("elapsed_s", 0.0))
+        self.reused = self.finished()
+
+    def elapsed(self) -> float:
+        """Wall seconds of the study so far, over every process that worked on it."""
+        return self._elapsed_before + time.perf_counter() - self._started
+
+    def save(self) -> None:
+        """Write atomically: a Ctrl-C during the write leaves the previous file."""
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"fingerprint": self.fingerprint, "records": self.records, "rl": self.rl,
+                                   "timings": self.timings, "sft": self.sft, "sft_config": self.sft_config,
+                                   "elapsed_s": self.elapsed()}, default=float))
+        os.replace(tmp, self.path)
+
+    def finished(self) -> list[str]:
+        rl_arms = {a for a, _, _ in RL_ARMS}
+        done = ["SFT"] if self.sft else []
+        for key, runs in self.records.items():
+            done += [f"{key}_seed{i}" for i in range(len(runs))] if key in rl_arms else [key]
+        return done
+
+    def interrupted(self) -> str:
+        """The one line printed on Ctrl-C: what was kept and how to go on."""
+        done = self.finished()
+        if not done:
+            return "no phase had finished, nothing to keep; run the same command again"
+        return (f"kept {len(done)} finished phase(s) ({', '.join(done)}) in {self.path}; run the same "
+                "command with --resume to continue (the phase under way starts again)")
+
+
+def fingerprint(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
+    """What ``--resume`` requires to be unchanged: the resolved config and the flags that shape the study
+    (not where the outputs go, threads, bootstrap resamples or checkpoint keeping)."""
+    from agentgym.config import to_dict
+    free = {"out", "resume", "replot", "threads", "keep_checkpoints", "n_boot", "override"}  # override: in cfg
+    return {"config": to_dict(cfg), "args": {k: v for k, v in vars(args).items() if k not in free}}
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -432,16 +514,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     import torch
-
-    from agentgym.config import to_dict
-    from agentgym.policies.loading import load_trained_policy
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = load_train_config(args)
+    runs_dir = Path(args.runs_dir)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    progress = Progress(runs_dir / "progress.json", fingerprint(args, cfg))
+    if args.resume:
+        try:
+            progress.load()
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    try:
+        return run_study(args, argv, cfg, progress)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(progress.interrupted()) from None
+
+
+def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progress: Progress) -> int:
+    """The study itself; each finished phase is recorded in ``progress`` (and skipped if it already is)."""
+    import torch
+
+    from agentgym.config import to_dict
+    from agentgym.policies.loading import load_trained_policy
     out, runs_dir = Path(args.out), Path(args.runs_dir)
     out.mkdir(parents=True, exist_ok=True)
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    t_start = time.perf_counter()
     load_start = os.getloadavg()
     indices = eval_indices(cfg, args.eval_per_type)
     arms = [a for a in RL_ARMS if a[0] in args.arms.split(",")]
@@ -449,8 +547,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.sft_episodes} oracle episodes x {args.sft_epochs} epochs; RL {[a[0] for a in arms]} x {args.seeds} "
         f"seeds, {cfg.steps} steps x {cfg.groups_per_step}x{cfg.group_size}; {cfg.sampling.max_new_tokens} new "
         f"tokens/turn; torch threads {torch.get_num_threads()}; load average {load_start[0]:.2f}")
-    timings: dict[str, float] = {}
-    records: dict[str, list[list[dict]]] = {}
+    if progress.reused:
+        log(f"--resume: reusing {', '.join(progress.reused)} from {progress.path}")
+    timings, records, rl = progress.timings, progress.records, progress.rl
 
     def timed_eval(policy: Any, key: str, retrieval: str) -> list[dict]:
         log(f"eval {LABELS.get(key, key)} (retrieval={retrieval})")
@@ -459,50 +558,65 @@ def main(argv: list[str] | None = None) -> int:
             f"{sum(r['searches'] for r in recs) / len(recs):.2f} ({timings[f'eval_{key}']:.0f} s)")
         return recs
 
+    def baselines(policy: Any, keys: tuple[str, str]) -> None:
+        """(a) no search and (b) RAG with ``policy``, unless already recorded."""
+        for key, retrieval in zip(keys, ("none", "rag")):
+            if key not in records:
+                records[key] = [timed_eval(policy, key, retrieval)]
+                progress.save()
+
     # (a), (b): the base model
-    t0 = time.perf_counter()
-    base = load_trained_policy(cfg.model, device=cfg.device, seed=cfg.seed)
-    timings["load_base"] = time.perf_counter() - t0
-    records["none_base"] = [timed_eval(base, "none_base", "none")]
-    records["rag_base"] = [timed_eval(base, "rag_base", "rag")]
-    del base
+    if not {"none_base", "rag_base"} <= set(records):
+        t0 = time.perf_counter()
+        base = load_trained_policy(cfg.model, device=cfg.device, seed=cfg.seed)
+        timings["load_base"] = time.perf_counter() - t0
+        baselines(base, ("none_base", "rag_base"))
+        del base
 
     # SFT warm start on oracle episodes
-    log(f"SFT: {args.sft_episodes} oracle episodes (train split), {args.sft_epochs} epochs, lr {args.sft_lr}")
-    t0 = time.perf_counter()
-    if args.sft_model:   # reuse: the summary of that run (its losses are in its train_log.csv)
-        sft_dir = Path(args.sft_model)
-        sft_summary = {**json.loads((sft_dir / "data_summary.json").read_text()), "model_dir": str(sft_dir / "model"),
-                       "reused": True, "steps": float("nan"), "loss_first": float("nan"), "loss_last": float("nan")}
-        sft_cfg = None
-    else:
-        sft_summary, sft_cfg = run_sft(args, cfg, runs_dir)
-    timings["sft"] = time.perf_counter() - t0
+    if progress.sft is None:
+        log(f"SFT: {args.sft_episodes} oracle episodes (train split), {args.sft_epochs} epochs, lr {args.sft_lr}")
+        t0 = time.perf_counter()
+        if args.sft_model:   # reuse: the summary of that run (its losses are in its train_log.csv)
+            sft_dir = Path(args.sft_model)
+            progress.sft = {**json.loads((sft_dir / "data_summary.json").read_text()),
+                            "model_dir": str(sft_dir / "model"), "reused": True, "steps": float("nan"),
+                            "loss_first": float("nan"), "loss_last": float("nan")}
+        else:
+            progress.sft, sft_cfg = run_sft(args, cfg, runs_dir)
+            progress.sft_config = to_dict(sft_cfg)
+        timings["sft"] = time.perf_counter() - t0
+        progress.save()
+    sft_summary = progress.sft
     log(f"  SFT: kept {sft_summary['kept']}/{sft_summary['episodes']}, {sft_summary['steps']} steps, loss "
         f"{sft_summary['loss_first']:.3f} -> {sft_summary['loss_last']:.3f} ({timings['sft']:.0f} s)")
     policy = load_trained_policy(sft_summary["model_dir"], device=cfg.device, dtype=torch.float32)
     sft_state = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
-    records["sft"] = [timed_eval(policy, "sft", "agentic")]
+    if "sft" not in records:
+        records["sft"] = [timed_eval(policy, "sft", "agentic")]
+        progress.save()
     if args.sft_baselines:
-        records["none_sft"] = [timed_eval(policy, "none_sft", "none")]
-        records["rag_sft"] = [timed_eval(policy, "rag_sft", "rag")]
+        baselines(policy, ("none_sft", "rag_sft"))
 
     # RL arms from the SFT weights
-    rl: dict[str, list[dict]] = {}
     for key, algo, mask in arms:
-        records[key], rl[key] = [], []
-        for seed in range(args.seeds):
+        records.setdefault(key, [])
+        rl.setdefault(key, [])
+        for seed in range(len(records[key]), args.seeds):
             name = f"{key}_seed{seed}"
             log(f"RL {name}: {algo}, mask_env_tokens={mask}, {cfg.steps} steps")
             policy.model.load_state_dict(sft_state)
             t0 = time.perf_counter()
-            rl[key].append(run_rl(policy, cfg, algo, mask, seed, runs_dir / name, args.keep_checkpoints))
+            run = run_rl(policy, cfg, algo, mask, seed, runs_dir / name, args.keep_checkpoints)
             timings[f"rl_{name}"] = time.perf_counter() - t0
             log(f"  {name}: {timings[f'rl_{name}']:.0f} s, process RSS {rss_gb():.1f} GiB")
-            records[key].append(timed_eval(policy, name, "agentic"))
+            recs = timed_eval(policy, name, "agentic")
+            rl[key].append(run)       # finished only with its eval: both or neither are kept
+            records[key].append(recs)
+            progress.save()
 
     stats, comps = analyse(records, args.n_boot)
-    timings["total"] = time.perf_counter() - t_start
+    timings["total"] = progress.elapsed()   # a resumed study: every process's wall
     meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "model": cfg.model,
             "retriever": cfg.env_kwargs.get("retriever"), "topk": cfg.env_kwargs.get("topk"),
             "eval_questions": len(indices), "eval_per_type": args.eval_per_type, "eval_task_indices": indices,
@@ -515,11 +629,11 @@ def main(argv: list[str] | None = None) -> int:
                         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                         "load_average_start": list(load_start), "load_average_end": list(os.getloadavg())},
-            "wall_s": timings,
+            "wall_s": timings, "resumed": progress.reused,
             "stats_method": "per-question EM averaged over the arm's seeds; percentile bootstrap over questions "
                             "(agentgym.stats.bootstrap_ci); comparisons: paired bootstrap over questions "
                             "(paired_bootstrap_ci); seeds held fixed. em_seed_t_ci: Student t over per-seed EM."}
-    result = {"meta": meta, "args": vars(args), "config": to_dict(cfg), "sft_config": None if sft_cfg is None else to_dict(sft_cfg),
+    result = {"meta": meta, "args": vars(args), "config": to_dict(cfg), "sft_config": progress.sft_config,
               "sft": sft_summary, "stats": stats, "comparisons": comps, "records": records, "rl": rl}
     (out / "small_scale.json").write_text(json.dumps(result, indent=1, default=float))
     md = markdown(result)
@@ -531,4 +645,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, str(HERE.parent))   # benchmarks/: the scripts' shared helpers (not a package)
+    from _common import run_interruptible
+    sys.exit(run_interruptible(main))
