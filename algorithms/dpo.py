@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from agentgym.precision import check_precision
 from agentgym.rollout import RolloutConfig, RolloutViews
 
 from agentgym.algorithms.learners import LoraSettings
@@ -77,11 +78,14 @@ class DPORunConfig(RolloutViews):
     merge_lora: bool = True
     seed: int = 0
     device: str | None = None
+    # compute precision (agentgym.precision): auto = bf16 on CUDA, on a CPU what a cached probe measures faster
+    precision: str = "auto"
     output_dir: str = "runs/dpo"
 
     config_aliases: ClassVar[dict[str, str]] = OFFLINE_ROLLOUT_ALIASES
 
     def __post_init__(self) -> None:
+        check_precision(self.precision)
         if self.beta <= 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
 
@@ -146,7 +150,7 @@ def build_dpo_trainer(cfg: DPORunConfig, policy: Any, dataset: Any, out: Path) -
     LoRA the reference is the base with the adapter disabled (no second copy in memory)."""
     import trl
     losses = [s.strip() for s in cfg.loss_type.split(",") if s.strip()]
-    args = trl.DPOConfig(**trl_training_kwargs(cfg.optim, out, cfg.seed, cfg.device), beta=cfg.beta,
+    args = trl.DPOConfig(**trl_training_kwargs(cfg.optim, out, cfg.seed, cfg.device, cfg.precision), beta=cfg.beta,
                          loss_type=losses, loss_weights=cfg.loss_weights,
                          precompute_ref_log_probs=cfg.precompute_ref_log_probs,
                          remove_unused_columns=False)  # the mask columns must reach the collator

@@ -46,7 +46,8 @@ minibatches, each one optimizer step accumulated over micro-batches, with the sh
 Shared machinery: AdamW (no weight decay on biases and norms), warmup + constant/linear/cosine
 schedule stepped once per ``update`` (so ``total_steps`` counts updates, as verl does), gradient
 clipping, gradient accumulation, LoRA through ``peft`` (the reference model is then the same
-network with the adapter disabled), gradient checkpointing, bf16 autocast on CUDA (fp32 on CPU),
+network with the adapter disabled), gradient checkpointing, the run's precision (:mod:`agentgym.precision`: bf16 autocast over fp32
+master weights where it is faster),
 data parallelism under ``torchrun`` (:mod:`.distributed`). A minibatch whose loss or gradient norm
 is not finite is skipped: no optimizer step, weights and optimizer state untouched, counted in
 ``metrics["skipped"]``.
@@ -143,8 +144,9 @@ class OptimConfig:
     logs the sampler-vs-learner divergence: ``sampler_logp_diff_mean`` / ``_max`` (|Δlogp|) and
     ``sampler_logp_diff_frac`` (share of tokens over ``divergence_threshold``).
 
-    System: ``lora`` (None = full fine-tuning), ``gradient_checkpointing``, ``bf16`` (autocast on
-    CUDA; CPU always runs fp32), ``seed`` (minibatch shuffling).
+    System: ``lora`` (None = full fine-tuning), ``gradient_checkpointing``, ``seed`` (minibatch
+    shuffling). Precision is not a learner setting but the run's (``TrainConfig.precision``), handed to
+    :func:`make_learner` as ``precision=``.
     """
     lr: float = 1e-6
     betas: tuple[float, float] = (0.9, 0.999)
@@ -171,7 +173,6 @@ class OptimConfig:
     divergence_threshold: float = 0.1
     lora: LoraSettings | None = None
     gradient_checkpointing: bool = False
-    bf16: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -822,7 +823,8 @@ class Learner:
     objective_name: ClassVar[str] = "clip"
     config_class: ClassVar[type | None] = None
 
-    def __init__(self, policy: Any, config: Any = None, *, separate_sampler: bool = False, fsdp: bool = False):
+    def __init__(self, policy: Any, config: Any = None, *, separate_sampler: bool = False, fsdp: bool = False,
+                 precision: Any = None):
         self.policy = policy
         cls = type(self)
         if cls.config_class is None:
@@ -864,6 +866,7 @@ class Learner:
         if cfg.gradient_checkpointing:
             _enable_checkpointing(self.model)
         self.device = next(self.model.parameters()).device
+        self.precision = learner_precision(precision, self.device)
         self.optimizer = _adamw(self._param_groups(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_ratio * (cfg.total_steps or 0))
         self.warmup_steps = int(warmup)
@@ -1126,9 +1129,8 @@ class Learner:
     def policy_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.device.type == "cuda" and self.config.bf16:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        """Policy, reference and critic forwards run in the run's precision (loss and log-softmax in fp32)."""
+        return self.precision.autocast()
 
     def _model_outputs(self, model: nn.Module, micro: Batch, hidden: bool = False, logits: bool = True) -> Any:
         # logits only from the last prompt token on: the prompt's vocabulary projections are the
@@ -1537,19 +1539,31 @@ def _composed_config(cls: type[Learner]) -> type:
     return compose_config(f"{cls.__name__.removesuffix('Learner') or 'Learner'}Config", *parts)
 
 
+def learner_precision(precision: Any, device: torch.device) -> Any:
+    """A :class:`~agentgym.precision.Precision` from ``precision`` (one, or ``auto`` / ``fp32`` / ``bf16``);
+    None = the library default: bf16 autocast on CUDA, fp32 elsewhere (no probe, so direct library use and
+    the numeric parity tests stay fp32 on every CPU)."""
+    from agentgym.precision import Precision, resolve_precision
+    if isinstance(precision, Precision):
+        return precision
+    if precision is None:
+        return Precision("bf16" if device.type == "cuda" else "fp32", device.type, "default", "library default")
+    return resolve_precision(str(precision), device)
+
+
 def make_learner(name: str, policy: Any, config: Any = None, *, separate_sampler: bool = False,
-                 fsdp: bool = False) -> Learner:
+                 fsdp: bool = False, precision: Any = None) -> Learner:
     """A registered learner (:data:`LEARNERS`) for a trainable policy (``.model``, ``.tokenizer``).
 
     ``config``: a :class:`LearnerConfig` (the flat user-facing one), the learner's typed config, or
     None for its defaults. ``separate_sampler``: another engine samples the rollouts (see
-    ``OptimConfig.old_logprobs``).
+    ``OptimConfig.old_logprobs``). ``precision``: see :func:`learner_precision`.
     """
     try:
         cls = LEARNERS[name.lower()]
     except KeyError:
         raise ValueError(f"unknown learner {name!r}; choose one of {sorted(LEARNERS)}") from None
-    return cls(policy, config, separate_sampler=separate_sampler, fsdp=fsdp)
+    return cls(policy, config, separate_sampler=separate_sampler, fsdp=fsdp, precision=precision)
 
 
 def learner_needs_groups(name: str) -> bool:

@@ -83,18 +83,29 @@ class SFTRunConfig(RolloutViews):
     merge_lora: bool = True
     seed: int = 0
     device: str | None = None
+    # compute precision (agentgym.precision): auto = bf16 on CUDA, on a CPU what a cached probe measures faster
+    precision: str = "auto"
     output_dir: str = "runs/sft"
 
     config_aliases: ClassVar[dict[str, str]] = OFFLINE_ROLLOUT_ALIASES
 
+    def __post_init__(self) -> None:
+        from agentgym.precision import check_precision
+        check_precision(self.precision)
 
-def trl_training_kwargs(optim: OptimSettings, out: Path, seed: int, device: str | None) -> dict[str, Any]:
-    """Keyword arguments every TRL config (a ``TrainingArguments``) gets from our settings."""
+
+def trl_training_kwargs(optim: OptimSettings, out: Path, seed: int, device: str | None,
+                        precision: str = "auto") -> dict[str, Any]:
+    """Keyword arguments every TRL config (a ``TrainingArguments``) gets from our settings. ``precision``
+    (:mod:`agentgym.precision`) becomes TrainingArguments' ``bf16`` (autocast over fp32 weights, on CPU too)."""
     import dataclasses
 
     import torch
     from transformers import TrainingArguments
+
+    from agentgym.precision import resolve_precision
     cuda = torch.cuda.is_available() and (device is None or device.startswith("cuda"))
+    bf16 = resolve_precision(precision, "cuda" if cuda else "cpu").bf16
     # transformers renamed gradient_checkpointing (kept as a deprecated alias) to activation_checkpointing
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
     ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
@@ -104,7 +115,7 @@ def trl_training_kwargs(optim: OptimSettings, out: Path, seed: int, device: str 
             "warmup_steps": optim.warmup, "weight_decay": optim.weight_decay, "max_grad_norm": optim.max_grad_norm,
             "max_length": optim.max_length, ckpt: optim.gradient_checkpointing,
             "logging_steps": optim.logging_steps, "logging_first_step": True, "save_strategy": "no",
-            "report_to": [], "seed": seed, "data_seed": seed, "bf16": cuda, "use_cpu": not cuda,
+            "report_to": [], "seed": seed, "data_seed": seed, "bf16": bf16, "use_cpu": not cuda,
             "dataset_num_proc": None}
 
 
@@ -165,7 +176,7 @@ def build_sft_trainer(cfg: SFTRunConfig, policy: Any, dataset: Any, out: Path) -
     whereas our ``assistant_masks`` column already says which ids the policy produced (including a
     sampled end-of-turn token, so the model learns to stop)."""
     import trl
-    args = trl.SFTConfig(**trl_training_kwargs(cfg.optim, out, cfg.seed, cfg.device),
+    args = trl.SFTConfig(**trl_training_kwargs(cfg.optim, out, cfg.seed, cfg.device, cfg.precision),
                          assistant_only_loss=False, completion_only_loss=False, packing=False)
     return trl.SFTTrainer(model=policy.model, args=args, train_dataset=dataset, processing_class=policy.tokenizer,
                           peft_config=peft_config(cfg.lora))

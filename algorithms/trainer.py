@@ -28,6 +28,7 @@ import torch
 from agentgym.config import save_config, to_dict
 from agentgym.policy import SamplingParams
 from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutEngine, RolloutViews, summarize
+from agentgym.precision import check_precision, resolve_precision
 from agentgym.threads import recheck as recheck_threads
 
 from agentgym.algorithms.learners import LearnerConfig, make_learner
@@ -94,8 +95,11 @@ class TrainConfig(RolloutViews):
     # how those pushes travel: auto, collective (gloo / NCCL broadcast) or object_store (see policies/ray_pool.py)
     weight_transfer: str = "auto"
     # weights' dtype: None = bf16 on CUDA, fp32 on CPU. "float32" keeps fp32 master weights (bf16
-    # autocast still applies with learner.bf16): at lr 1e-6 an AdamW step is far below bf16's resolution.
+    # autocast still applies with precision bf16): at lr 1e-6 an AdamW step is far below bf16's resolution.
     dtype: str | None = None
+    # compute precision of the learner (policy, reference, critic) and the samplers: auto (bf16 on CUDA; on a
+    # CPU what a cached probe measures faster), fp32, or bf16 (autocast; fp32 master weights, optimizer, loss)
+    precision: str = "auto"
 
     config_aliases: ClassVar[dict[str, str]] = ROLLOUT_ALIASES
 
@@ -115,6 +119,7 @@ class TrainConfig(RolloutViews):
             raise ValueError("output_dir must not be empty")
         if self.dtype is not None:
             _torch_dtype(self.dtype)
+        check_precision(self.precision)
         if self.rollout_workers < 0:
             raise ValueError(f"rollout_workers must be >= 0, got {self.rollout_workers}")
         from agentgym.policies.ray_pool import check_weight_transfer
@@ -285,9 +290,17 @@ class Trainer:
         from agentgym.policies.loading import load_policy, load_trained_policy, resolve_backend
         backend = resolve_backend(cfg.backend, notice=self.log)
         options = dict(cfg.backend_options)
-        if backend == "hf":
+        # one precision for the whole run, decided before anything loads (a probe, cached per machine)
+        device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.precision = resolve_precision(cfg.precision, device)
+        if self.is_main:
+            self.log(f"[train] {self.precision.describe()}")
+        if backend == "hf":          # the HF sampler generates under the same autocast
             from agentgym.policies.transformers_policy import check_options
             check_options(options)
+            options.setdefault("precision", self.precision.name)
+        # a separate vLLM engine runs in bf16 when the run does (its dtype; fp32 master weights stay here)
+        sampler_dtype = cfg.dtype or ("bfloat16" if backend == "vllm" and self.precision.bf16 else None)
         if policy is None:  # any model spec, including an SFT / DPO output or another run's checkpoint
             policy = load_trained_policy(cfg.model, device=cfg.device, dtype=_torch_dtype(cfg.dtype), seed=cfg.seed,
                                          **(options if backend == "hf" and not cfg.fsdp and not cfg.rollout_workers else {}))
@@ -302,13 +315,15 @@ class Trainer:
         else:                               # a separate engine, loaded from the same weights (under FSDP an
             # unsharded HF copy per rank when backend=hf: each rank's generate() runs its own number of
             # forward passes, which a sharded module cannot, as its passes are collective)
-            self.policy = load_policy(cfg.model, backend, device=cfg.device, dtype=cfg.dtype, seed=cfg.seed, **options)
+            self.policy = load_policy(cfg.model, backend, device=cfg.device, dtype=sampler_dtype, seed=cfg.seed,
+                                      **options)
         self.colocated = self.policy is self.train_policy
         lcfg = cfg.learner
         if lcfg.total_steps is None or lcfg.total_steps <= 0:
             from dataclasses import replace
             lcfg = replace(lcfg, total_steps=cfg.steps)
-        self.learner = make_learner(cfg.algo, policy, lcfg, separate_sampler=not self.colocated, fsdp=cfg.fsdp)
+        self.learner = make_learner(cfg.algo, policy, lcfg, separate_sampler=not self.colocated, fsdp=cfg.fsdp,
+                                    precision=self.precision)
         if not self.colocated:              # the engine starts from exactly the learner's weights
             self.policy.sync_weights(self.learner.policy_weights())
         self.engine = RolloutEngine(self.policy, rollout_config(cfg))
@@ -421,8 +436,10 @@ class Trainer:
         from tqdm import tqdm
         with tqdm(total=self.cfg.eval.episodes, desc=f"eval {tag} (held-out, greedy)", unit="ep", leave=False,
                   position=1 if self._bar is not None else 0) as bar:
-            def progress(done: int, total: int) -> None:
-                bar.update(done - bar.n)
+            def progress(done: int, total: int, tokens: int = 0, generating: tuple[int, int] | None = None) -> None:
+                bar.update(done - bar.n)     # episodes ended; while a batch generates, its sequences done:
+                if generating is not None:
+                    bar.set_postfix_str(f"generating: {generating[0]}/{generating[1]} answers done, {tokens} tokens")
             metrics, trajectories = held_out_eval(self.eval_engine, self.cfg, progress=progress)
         m = {"step": float(self.step), **metrics}
         # per held-out task (episode order = task order), for the paired CI of the gain
@@ -442,6 +459,7 @@ class Trainer:
         if main:   # only rank 0 writes (other ranks read checkpoints when resuming)
             prepare_output_dir(self.out, resume=resume, overwrite=overwrite, command="train")
             save_config(cfg, self.out / "config.yaml")
+            self.write_provenance()
         if resume:
             ckpt = self.latest_checkpoint()
             if ckpt is None:   # stopped before its first checkpoint: nothing to continue, nothing to lose
@@ -541,6 +559,21 @@ class Trainer:
         from agentgym.runs import release_output_dir
         release_output_dir(self.out)   # finished: another process may now --resume or --overwrite it
         return {"before": before, "after": final, "history": self.history, "output_dir": str(self.out), "gain": gain}
+
+    def write_provenance(self) -> None:
+        """``provenance.json``: what the resolved config cannot say — the machine, the library versions and
+        the precision ``auto`` chose, with the probe figures it chose by."""
+        import platform
+
+        import transformers
+
+        from agentgym.precision import cpu_identity
+        ident = cpu_identity()
+        (self.out / "provenance.json").write_text(json.dumps({
+            "precision": self.precision.to_dict(), "cpu": ident["cpu"], "cpu_flags": ident["flags"],
+            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "torch_threads": torch.get_num_threads()}, indent=1))
 
     def close(self) -> None:
         """Release a separate sampler (vLLM engine, Ray actors); a colocated policy stays usable."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
-from transformers import StopStringCriteria, StoppingCriteriaList
+from transformers import StoppingCriteria, StopStringCriteria, StoppingCriteriaList
 
 from agentgym.policy import Generation, SamplingParams, cut_at_stop, weight_name_mismatch
 
@@ -17,7 +17,7 @@ from agentgym.policies.models import DEFAULT_MODEL, load_model, load_tokenizer, 
 __all__ = ["TransformersPolicy", "load", "check_options", "OPTIONS"]
 
 #: what ``load_policy(spec, "hf", **options)`` accepts (the constructor's keyword options)
-OPTIONS = ("max_batch_size", "reuse_kv", "kv_cache_tokens", "attn_implementation")
+OPTIONS = ("max_batch_size", "reuse_kv", "kv_cache_tokens", "attn_implementation", "precision")
 
 
 @functools.cache
@@ -39,6 +39,28 @@ def check_options(options: dict[str, Any]) -> None:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ValueError(f"unknown hf backend option(s) {unknown}; the hf backend takes {list(OPTIONS)}")
+
+
+class _ProgressCriterion(StoppingCriteria):
+    """Reports, after every decode step of one ``generate`` call, how many sequences are done and how many
+    tokens were generated, without stopping anything itself: a row is done once it emits an end-of-sequence
+    id or once ``inner`` (the stop-string criteria, or none) says so — the same rule ``generate`` applies."""
+
+    def __init__(self, inner: StoppingCriteriaList, eos_ids: Sequence[int], rows: int,
+                 report: Callable[[int, int], None]) -> None:
+        self.inner, self.report = inner, report
+        self.eos = torch.tensor(list(eos_ids) or [-1])
+        self.done = torch.zeros(rows, dtype=torch.bool)
+        self.tokens = 0
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        stop = self.inner(input_ids, scores, **kwargs)   # all False when there are no stop strings
+        active = int((~self.done).sum())
+        self.tokens += active
+        last = input_ids[:, -1].cpu()
+        self.done |= stop.cpu() | torch.isin(last, self.eos)
+        self.report(int(self.done.sum()), self.tokens)
+        return stop
 
 
 class TransformersPolicy:
@@ -71,9 +93,14 @@ class TransformersPolicy:
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, name: str | None = None,
-                 reuse_kv: bool = True, kv_cache_tokens: int = 32768):
+                 reuse_kv: bool = True, kv_cache_tokens: int = 32768, precision: str = "fp32"):
         if kv_cache_tokens < 0:
             raise ValueError(f"kv_cache_tokens must be >= 0 (got {kv_cache_tokens})")
+        from agentgym.precision import Precision, check_precision
+        if check_precision(precision) == "auto":
+            raise ValueError("precision: the hf policy takes a resolved fp32 or bf16 (the trainer resolves auto)")
+        #: generation runs under this autocast (bf16: the run's precision, see agentgym.precision)
+        self.precision = Precision(precision, next(model.parameters()).device.type, precision)
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -234,13 +261,22 @@ class TransformersPolicy:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Generation]:
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams,
+                 on_progress: Callable[[int, int], None] | None = None) -> list[Generation]:
+        """``on_progress(sequences_done, tokens_generated)`` after every decode step (for live progress
+        bars: a batched call otherwise shows nothing until its slowest sequence ends)."""
         out: list[Generation] = []
-        for i in range(0, len(prompts), self.max_batch_size):
-            out.extend(self._generate_batch(prompts[i:i + self.max_batch_size], sampling))
+        with self.precision.autocast():
+            for i in range(0, len(prompts), self.max_batch_size):
+                report = None
+                if on_progress is not None:
+                    done_before, tokens_before = len(out), sum(len(g.token_ids) for g in out)
+                    report = (lambda d, t, d0=done_before, t0=tokens_before: on_progress(d0 + d, t0 + t))
+                out.extend(self._generate_batch(prompts[i:i + self.max_batch_size], sampling, report))
         return out
 
-    def _generate_batch(self, prompts: Sequence[Sequence[int]], sp: SamplingParams) -> list[Generation]:
+    def _generate_batch(self, prompts: Sequence[Sequence[int]], sp: SamplingParams,
+                        report: Callable[[int, int], None] | None = None) -> list[Generation]:
         if not prompts:
             return []
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
@@ -269,8 +305,11 @@ class TransformersPolicy:
             kwargs.update(do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or None)
         if past is not None:
             kwargs[generate_cache_name()] = past
-        if sp.stop:
-            kwargs["stopping_criteria"] = StoppingCriteriaList([self._stop_criterion(tuple(sp.stop))])
+        criteria = StoppingCriteriaList([self._stop_criterion(tuple(sp.stop))] if sp.stop else [])
+        if report is not None:   # wraps the stop criteria: it sees which rows they end
+            criteria = StoppingCriteriaList([_ProgressCriterion(criteria, self.eos_ids, len(prompts), report)])
+        if criteria:
+            kwargs["stopping_criteria"] = criteria
         was_training = self.model.training
         self.model.eval()
         try:

@@ -85,11 +85,13 @@ def engine_for(policy, max_new_tokens: int = 6) -> RolloutEngine:
     return RolloutEngine(policy, RolloutConfig(sampling=sampling, env_workers=1))
 
 
-def learning_curve(name: str, env_id: str, cfg: LearnerConfig, steps: int) -> list[float]:
-    """Mean episode reward of each batch (before the update on it)."""
+def learning_curve(name: str, env_id: str, cfg: LearnerConfig, steps: int, precision: str | None = None) -> list[float]:
+    """Mean episode reward of each batch (before the update on it); ``precision`` as a run's (sampler too)."""
     torch.manual_seed(0)   # sampling uses torch's global RNG
     policy = new_policy(0)
-    learner = make_learner(name, policy, cfg)
+    learner = make_learner(name, policy, cfg, precision=precision)
+    if precision is not None:   # the colocated sampler generates in the precision the learner resolved
+        policy = TransformersPolicy(policy.model, policy.tokenizer, precision=learner.precision.name)
     engine = engine_for(policy)
     curve = []
     try:
