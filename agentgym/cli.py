@@ -355,9 +355,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if so_far:
                 bar.set_postfix(success=f"{summarize(so_far)['success_rate']:.2f}")
 
-        def on_turn(done: int, tokens: int) -> None:   # live: every turn, not only per batch
-            bar.update(done - bar.n)
-            bar.set_postfix_str(f"{tokens} tokens generated")
+        def on_turn(done: int, tokens: int, generating: tuple[int, int] | None = None) -> None:
+            bar.update(done - bar.n)                  # live: every turn, and every decode step with hf
+            now = f"generating: {generating[0]}/{generating[1]} answers done, " if generating else ""
+            bar.set_postfix_str(f"{now}{tokens} tokens generated")
         result = evaluate(policy, cfg, env_id, progress=progress, on_turn=on_turn)
     split = result.env_kwargs.get("split", "-")
     title = f"{env_id} (split {split}) · policy {cfg.policy} · {len(result.trajectories)} episodes"
@@ -444,7 +445,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                    f"greedy eval on {cfg.eval.episodes} held-out tasks")
     g = result.get("gain")
     if g is not None:
-        print(f"held-out success gain {g['success_gain']:+.3f} (95 % CI [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}], "
+        from agentgym.stats import format_ci
+        ci = format_ci((g["success_gain"], g["ci_low"], g["ci_high"]), int(g["tasks"]), "task")
+        print(f"held-out success gain {g['success_gain']:+.3f} (95 % CI {ci}, "
               f"paired bootstrap over {int(g['tasks'])} tasks, one seed): {g['verdict']}")
     print(f"wrote {cfg.output_dir}/curves.png, train_log.csv, eval_trajectories.html, config.yaml")
     return 0

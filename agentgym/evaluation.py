@@ -94,11 +94,12 @@ def env_takes_split(env_id: str) -> bool:
 
 def evaluate(policy: Any, cfg: EvalRunConfig, env_id: str,
              progress: Callable[[int, list[Trajectory]], None] | None = None,
-             on_turn: Callable[[int, int], None] | None = None) -> EvalResult:
+             on_turn: Callable[[int, int, tuple[int, int] | None], None] | None = None) -> EvalResult:
     """Run the episodes of ``cfg`` with ``policy`` (batched: ``batch_size`` episodes per rollout call).
 
     ``progress(new_episodes, all_so_far)`` after each rollout call; ``on_turn(episodes_done,
-    tokens_generated)`` as the engine advances (every turn), for a live progress bar."""
+    tokens_generated, generating)`` as the engine advances — every turn, and with an hf policy every decode
+    step, when ``generating`` is (sequences done, sequences) of the call in flight — for a live bar."""
     from agentgym.rollout import RolloutEngine, summarize, summarize_std
     env_kwargs = dict(cfg.env_kwargs)
     if cfg.split is not None and "split" not in env_kwargs and env_takes_split(env_id):
@@ -117,9 +118,9 @@ def evaluate(policy: Any, cfg: EvalRunConfig, env_id: str,
             indices = [cfg.first_task + start + i for i in range(k)] if cfg.first_task is not None else None
             done_before = len(trajectories)
 
-            def turn(finished: int, total: int, tokens: int = 0) -> None:
+            def turn(finished: int, total: int, tokens: int = 0, generating: tuple[int, int] | None = None) -> None:
                 if on_turn is not None:
-                    on_turn(done_before + finished, tokens_before[0] + tokens)
+                    on_turn(done_before + finished, tokens_before[0] + tokens, generating)
             batch = engine.collect(env_id, num_groups=k, group_size=cfg.group_size, task_indices=indices,
                                    seed=cfg.seed + start, env_kwargs=env_kwargs, progress=turn)
             tokens_before[0] += int(batch.metrics.get("generated_tokens", 0))

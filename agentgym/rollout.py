@@ -297,6 +297,7 @@ class TokenTurns:
                  tools: list[dict[str, Any]] | None):
         self.policy, self.config, self.sampling, self.formatter, self.tools = policy, config, sampling, formatter, tools
         self.wants_context = bool(getattr(policy, "wants_context", False))
+        self.live_progress = _accepts(policy.generate, "on_progress")
 
     def start(self, ep: _Episode, obs: list[dict[str, str]]) -> None:
         # the task prompt is never cut (max_context_tokens bounds it); only step observations are
@@ -306,14 +307,15 @@ class TokenTurns:
     def fits(self, ep: _Episode) -> bool:
         return len(ep.builder) + self.sampling.max_new_tokens <= self.config.max_context_tokens
 
-    def generate(self, eps: Sequence[_Episode]) -> list[Generation]:
+    def generate(self, eps: Sequence[_Episode], on_progress: Callable[[int, int], None] | None = None) -> list[Generation]:
         # copies: a policy (or a script keeping its context) must not alias the growing trajectory
         prompts = [list(ep.builder.token_ids) for ep in eps]
+        extra: dict[str, Any] = {"on_progress": on_progress} if on_progress is not None and self.live_progress else {}
         if self.wants_context:
             contexts = [{"turn": ep.turn, "messages": list(ep.messages), "task": ep.task, "prompt_ids": p}
                         for ep, p in zip(eps, prompts)]
-            return self.policy.generate(prompts, self.sampling, contexts=contexts)
-        return self.policy.generate(prompts, self.sampling)
+            return self.policy.generate(prompts, self.sampling, contexts=contexts, **extra)
+        return self.policy.generate(prompts, self.sampling, **extra)
 
     def add_turn(self, ep: _Episode, gen: Generation, reward: float, info: Mapping[str, Any]) -> None:
         ep.turn += 1
@@ -352,7 +354,7 @@ class ChatTurns:
     def fits(self, ep: _Episode) -> bool:
         return True  # the endpoint enforces its own context window
 
-    def generate(self, eps: Sequence[_Episode]) -> list[Generation]:
+    def generate(self, eps: Sequence[_Episode], on_progress: Callable[[int, int], None] | None = None) -> list[Generation]:
         return self.policy.respond([list(ep.messages) for ep in eps], self.sampling, tools=self.tools)
 
     def add_turn(self, ep: _Episode, gen: Generation, reward: float, info: Mapping[str, Any]) -> None:
@@ -382,18 +384,30 @@ def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, floa
     return out, time.perf_counter() - t0
 
 
-def _progress_reporter(progress: Callable[..., None] | None) -> Callable[[int, int, int], None] | None:
-    """``progress(finished, total)``, or ``progress(finished, total, tokens=generated)`` when the
-    callback accepts a ``tokens`` keyword (or ``**kwargs``): existing callbacks keep working."""
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` takes a keyword ``name`` (or ``**kwargs``): optional extras reach only callees that
+    declared them, so existing callbacks and user policies keep working unchanged."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def _progress_reporter(progress: Callable[..., None] | None) -> Callable[..., None] | None:
+    """``progress(finished, total)``; with ``tokens=generated`` when the callback accepts a ``tokens``
+    keyword, and ``generating=(sequences_done, sequences)`` of the generate call in flight (after every
+    decode step, where the backend reports it) when it accepts ``generating``."""
     if progress is None:
         return None
-    try:
-        params = inspect.signature(progress).parameters.values()
-    except (TypeError, ValueError):
-        params = []
-    if any(p.name == "tokens" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return lambda finished, total, tokens: progress(finished, total, tokens=tokens)
-    return lambda finished, total, tokens: progress(finished, total)
+    tokens, generating = _accepts(progress, "tokens"), _accepts(progress, "generating")
+
+    def report(finished: int, total: int, n_tokens: int, live: tuple[int, int] | None = None) -> None:
+        extra: dict[str, Any] = {"tokens": n_tokens} if tokens else {}
+        if generating:
+            extra["generating"] = live
+        progress(finished, total, **extra)
+    return report
 
 
 class _Run:
@@ -414,7 +428,11 @@ class _Run:
 
     def generate(self, eps: Sequence[_Episode]) -> list[Generation]:
         t0 = time.perf_counter()
-        gens = self.turns.generate(eps)
+        live = None
+        if self._progress is not None:   # per decode step, where the backend can tell (hf): bars move
+            def live(done: int, tokens: int, n: int = len(eps)) -> None:
+                self._progress(self.finished, len(self.episodes), self.tokens + tokens, (done, n))
+        gens = self.turns.generate(eps, live)
         self.last_generate_s = time.perf_counter() - t0
         self.timing["generate_s"] += self.last_generate_s
         if len(gens) != len(eps):
