@@ -136,12 +136,38 @@ class Batch:
         width = int(self.lengths[idx].max()) if len(idx) else 0
         return self._map(lambda _, t: t[idx, :width] if t.dim() == 2 else t[idx])
 
-    def micro_batches(self, size: int) -> Iterator["Batch"]:
-        """Consecutive pieces of at most ``size`` rows (gradient accumulation)."""
+    def micro_rows(self, size: int, max_tokens: int | None = None) -> Iterator[list[int]]:
+        """The rows of each micro-batch (gradient accumulation, no-grad passes): at most ``size``
+        consecutive rows, or with ``max_tokens`` rows of similar length together (veRL's dynamic batch
+        size): rows sorted longest first, cut where one more row would make ``rows × longest`` exceed
+        ``max_tokens`` (a row longer than that goes alone), so short rows are not padded to a long one."""
         if size < 1:
             raise ValueError(f"micro-batch size must be >= 1, got {size}")
-        for start in range(0, len(self), size):
-            yield self.select(range(start, min(start + size, len(self))))
+        if max_tokens is None:
+            for start in range(0, len(self), size):
+                yield list(range(start, min(start + size, len(self))))
+            return
+        if max_tokens < 1:
+            raise ValueError(f"micro-batch token budget must be >= 1, got {max_tokens}")
+        order = sorted(range(len(self)), key=lambda i: (-int(self.lengths[i]), i))
+        piece: list[int] = []
+        for i in order:     # longest first: the first row of a piece sets its width
+            if piece and (len(piece) + 1 > size or (len(piece) + 1) * int(self.lengths[piece[0]]) > max_tokens):
+                yield piece
+                piece = []
+            piece.append(i)
+        if piece:
+            yield piece
+
+    def micro_batches(self, size: int, max_tokens: int | None = None) -> Iterator["Batch"]:
+        """The micro-batches of :meth:`micro_rows`, each trimmed to its longest row."""
+        for rows in self.micro_rows(size, max_tokens):
+            yield self.select(rows)
+
+    @property
+    def padded_tokens(self) -> int:
+        """Positions this batch's passes compute: rows × width (its real tokens are ``lengths.sum()``)."""
+        return int(self.input_ids.shape[0] * self.input_ids.shape[1])
 
 
 def collate(trajectories: Sequence[Trajectory], *, pad_id: int = 0) -> Batch:

@@ -119,7 +119,9 @@ class OptimConfig:
     Optimisation: ``lr``, ``betas``, ``weight_decay`` (AdamW); ``warmup_steps`` or
     ``warmup_ratio`` × ``total_steps`` (Search-R1: 0.285), then ``schedule``; ``total_steps`` counts
     ``update`` calls. ``max_grad_norm`` (None = no clipping). ``micro_batch_size``: rows per
-    forward/backward (gradient accumulation); ``minibatch_size``: trajectories per optimizer step
+    forward/backward (gradient accumulation); ``micro_batch_tokens`` (None = off): also a budget of padded
+    positions (rows × longest) per micro-batch, rows grouped by length so the passes compute little
+    padding (veRL's dynamic batch size; ``pad_frac`` in the metrics is the share of padding computed); ``minibatch_size``: trajectories per optimizer step
     (None = the whole batch); ``epochs``: passes over the batch (PPO epochs, GRPO iterations; an
     on-policy objective such as REINFORCE's always makes one step).
 
@@ -157,6 +159,7 @@ class OptimConfig:
     schedule: str = "constant"
     max_grad_norm: float | None = 1.0
     micro_batch_size: int = 8
+    micro_batch_tokens: int | None = None
     epochs: int = 1
     minibatch_size: int | None = None
     loss_agg: str = "token-mean"
@@ -296,6 +299,8 @@ def _validate(cfg: Any) -> None:
     for name in ("micro_batch_size", "epochs"):
         if value(name) is not None and value(name) < 1:
             raise ValueError(f"{name} must be >= 1, got {value(name)}")
+    if value("micro_batch_tokens") is not None and value("micro_batch_tokens") < 1:
+        raise ValueError(f"micro_batch_tokens must be >= 1 or None, got {value('micro_batch_tokens')}")
     if value("minibatch_size") is not None and value("minibatch_size") < 1:
         raise ValueError(f"minibatch_size must be >= 1 or None, got {value('minibatch_size')}")
     if "lr" in has and (not math.isfinite(cfg.lr) or cfg.lr < 0):
@@ -998,6 +1003,7 @@ class Learner:
         """
         t0 = time.perf_counter()
         cfg = self.config
+        self._positions = [0, 0]   # positions the training passes computed, real tokens among them
         trajs = list(getattr(trajectories, "trajectories", trajectories))
         usable = [t for t in trajs if t.num_policy_tokens > 0]
         metrics: dict[str, float] = {
@@ -1036,6 +1042,9 @@ class Learner:
             self.scheduler.step()
             self.step += 1
         metrics["tokens"] = float(mask.sum())
+        computed, real = self._positions
+        # the share of the training passes' positions that were padding (FLOPs that change nothing)
+        metrics["pad_frac"] = 1.0 - real / computed if computed else 0.0
         metrics["time_s"] = time.perf_counter() - t0
         return metrics
 
@@ -1164,12 +1173,11 @@ class Learner:
         """The ratio's old log-probs from the training model (no grad), the sampler-vs-learner
         divergence, and (with ``tis_cap``) the truncated importance weights."""
         cfg = self.config
-        for start in range(0, len(batch), cfg.micro_batch_size):
-            rows = range(start, min(start + cfg.micro_batch_size, len(batch)))
+        for rows in batch.micro_rows(cfg.micro_batch_size, cfg.micro_batch_tokens):
             micro = batch.select(rows)
             with self._autocast():
                 logp, _ = self._logprobs(self._model_outputs(self.model, micro), micro)
-            batch.old_logprobs[start:start + len(rows), :micro.width] = logp.float() * micro.loss_mask
+            batch.old_logprobs[rows, :micro.width] = logp.float() * micro.loss_mask
         m = batch.loss_mask
         diff = (batch.old_logprobs - batch.sampler_logprobs).abs() * m
         n = float(m.sum())
@@ -1188,18 +1196,17 @@ class Learner:
         if not (self._has_reference or self.uses_values):
             return
         cfg = self.config
-        for start in range(0, len(batch), cfg.micro_batch_size):
-            rows = range(start, min(start + cfg.micro_batch_size, len(batch)))
+        for rows in batch.micro_rows(cfg.micro_batch_size, cfg.micro_batch_tokens):
             micro = batch.select(rows)
             w = micro.width
             with self._autocast():
                 if self._has_reference:
                     out = self._reference_outputs(micro)
                     ref, _ = self._logprobs(out, micro)
-                    batch.ref_logprobs[start:start + len(rows), :w] = ref * micro.attention_mask
+                    batch.ref_logprobs[rows, :w] = ref * micro.attention_mask
                 if self.uses_values:
                     values = self._values(micro, None)
-                    batch.old_values[start:start + len(rows), :w] = values.float() * micro.response_mask
+                    batch.old_values[rows, :w] = values.float() * micro.response_mask
 
     def _loss_settings(self, batch: Batch) -> LossSettings:
         """Aggregation, KL, entropy and value settings of the shared loss (the objective supplies the
@@ -1250,7 +1257,9 @@ class Learner:
         num_tokens, num_seqs = float(mb_mask.sum()), float(len(mb))
         losses: dict[str, float] = {}
         token_stats: dict[str, float] = {}
-        micros: list[Batch | None] = list(mb.micro_batches(cfg.micro_batch_size))
+        micros: list[Batch | None] = list(mb.micro_batches(cfg.micro_batch_size, cfg.micro_batch_tokens))
+        self._positions[0] += sum(m.padded_tokens for m in micros if m is not None)
+        self._positions[1] += int(mb.lengths.sum())
         total = len(micros)
         scale = 1.0
         if self.dist is not None:  # this rank's share (round-robin); the loss is normalised globally
