@@ -343,7 +343,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from agentgym.config import to_dict
-    from agentgym.evaluation import evaluate
+    from agentgym.evaluation import evaluate, show_generating
     from agentgym.rollout import summarize
     cfg = _eval_config(args)
     env_id = _require_env(cfg.env)
@@ -357,8 +357,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         def on_turn(done: int, tokens: int, generating: tuple[int, int] | None = None) -> None:
             bar.update(done - bar.n)                  # live: every turn, and every decode step with hf
-            now = f"generating: {generating[0]}/{generating[1]} answers done, " if generating else ""
-            bar.set_postfix_str(f"{now}{tokens} tokens generated")
+            show_generating(bar, tokens, generating)
         result = evaluate(policy, cfg, env_id, progress=progress, on_turn=on_turn)
     split = result.env_kwargs.get("split", "-")
     title = f"{env_id} (split {split}) · policy {cfg.policy} · {len(result.trajectories)} episodes"

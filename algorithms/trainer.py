@@ -434,12 +434,13 @@ class Trainer:
 
     def evaluate(self, tag: str) -> tuple[dict[str, float], list[Any]]:
         from tqdm import tqdm
+
+        from agentgym.evaluation import show_generating
         with tqdm(total=self.cfg.eval.episodes, desc=f"eval {tag} (held-out, greedy)", unit="ep", leave=False,
                   position=1 if self._bar is not None else 0) as bar:
             def progress(done: int, total: int, tokens: int = 0, generating: tuple[int, int] | None = None) -> None:
-                bar.update(done - bar.n)     # episodes ended; while a batch generates, its sequences done:
-                if generating is not None:
-                    bar.set_postfix_str(f"generating: {generating[0]}/{generating[1]} answers done, {tokens} tokens")
+                bar.update(done - bar.n)     # episodes ended; while a batch generates, its sequences done
+                show_generating(bar, tokens, generating)
             metrics, trajectories = held_out_eval(self.eval_engine, self.cfg, progress=progress)
         m = {"step": float(self.step), **metrics}
         # per held-out task (episode order = task order), for the paired CI of the gain
