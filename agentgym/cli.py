@@ -44,20 +44,12 @@ def _busy_cores_now(window_s: float = 0.3) -> float | None:
     ``window_s`` (this process sleeps meanwhile) × the core count; None where there is no /proc/stat."""
     import time
 
-    def sample() -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)      # idle + iowait
-        return sum(fields[:8]), idle
-
-    a = sample()
+    from agentgym.threads import machine_cpu_times
+    a = machine_cpu_times()
     if a is None:
         return None
     time.sleep(window_s)
-    b = sample()
+    b = machine_cpu_times()
     if b is None or b[0] <= a[0]:
         return None
     busy_share = 1.0 - (b[1] - a[1]) / (b[0] - a[0])

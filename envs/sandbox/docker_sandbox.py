@@ -412,14 +412,16 @@ class DockerSandbox(Sandbox):
         timed_out = False
         if signo == signal.SIGKILL:
             counted = self._oom_kills(container)
+            if counted is None and not self._alive(container):
+                # no counter because the container is gone (removed, daemon restart): not an OOM of the
+                # job — seen under load, where the removal won the race against reading the counter
+                raise SandboxError(f"container {container.short_id} died during the run")
             oom = oom or (counted > 0 if counted is not None else duration < job.time_limit_s)
             timed_out = not oom and duration >= job.time_limit_s
-        if signo is not None and not (oom or timed_out):
+        if signo is not None and not (oom or timed_out) and not self._alive(container):
             # An unexplained kill may be the container itself dying (removed, daemon
             # restart): then its init is gone and a new exec fails -> retried elsewhere.
-            alive = container.exec_run(["true"])
-            if alive.exit_code != 0:
-                raise SandboxError(f"container {container.short_id} died during the run")
+            raise SandboxError(f"container {container.short_id} died during the run")
         return ExecResult(stdout, stderr, None if signo is not None else code, timed_out, oom,
                           duration, collector.truncated, self.name)
 
@@ -431,6 +433,14 @@ class DockerSandbox(Sandbox):
                 return int(info["ExitCode"])
             time.sleep(0.01)
         raise SandboxError("exec did not finish after its output stream closed")
+
+    @staticmethod
+    def _alive(container: Any) -> bool:
+        """Whether the container still runs commands (a removed one answers with a docker error)."""
+        try:
+            return container.exec_run(["true"]).exit_code == 0
+        except _docker_errors():
+            return False
 
     def _oom_kills(self, container: Any) -> int | None:
         """OOM kills in the container's memory cgroup; None if no counter is readable."""
