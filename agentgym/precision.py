@@ -10,7 +10,8 @@ without bf16 units emulates it and is *slower* — so the choice is measured, no
 bf16 interleaved, best of a few, well under a second). The result is cached per machine under
 ``$AGENTGYM_CACHE`` (default ``~/.cache/agentgym``), keyed by the CPU model, its bf16-related flags
 and the torch version, so each run pays for the probe at most once per machine. The choice and its
-evidence go into the run's config (:meth:`Precision.to_dict`).
+evidence go into the run's provenance (:meth:`Precision.to_dict`). ``AGENTGYM_PRECISION=fp32|bf16`` tells
+``auto`` this CPU's answer instead of measuring it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from typing import Any
 __all__ = ["PRECISIONS", "Precision", "resolve_precision", "probe_cpu_bf16", "check_precision", "cpu_identity"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
+#: set to fp32 or bf16, what ``auto`` resolves to on a CPU without probing: numerics that do not depend on
+#: the CPU kind (the test suite sets fp32, so the same assertions hold on a Xeon with AMX and an EPYC)
+ENV_OVERRIDE = "AGENTGYM_PRECISION"
 #: bf16 must beat fp32 by this factor for ``auto`` to pick it (the probe's run-to-run noise is ~5 %)
 MIN_SPEEDUP = 1.15
 _CPU_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx2")
@@ -167,6 +171,11 @@ def resolve_precision(setting: str, device: Any = "cpu", *, refresh_probe: bool 
         return Precision("bf16", device_type, setting, "CUDA")
     if device_type != "cpu":
         return Precision("fp32", device_type, setting, f"no probe for {device_type}")
+    forced = os.environ.get(ENV_OVERRIDE, "").strip()
+    if forced:   # this machine's answer, given instead of measured (reproducible numerics across CPU kinds)
+        if forced not in ("fp32", "bf16"):
+            raise ValueError(f"{ENV_OVERRIDE} must be fp32 or bf16 (what auto means on this CPU), got {forced!r}")
+        return Precision(forced, device_type, setting, f"{ENV_OVERRIDE}={forced}")
     probe = _cached_probe(refresh_probe)
     faster = probe["speedup"] >= MIN_SPEEDUP
     reason = (f"bf16 measured {probe['speedup']:.2f}x fp32 on this CPU" if faster else

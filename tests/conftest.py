@@ -4,6 +4,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# precision=auto means fp32 on every CPU in the suite (subprocesses inherit it), so numeric assertions do not
+# depend on whether this CI machine has bf16 units; tests/test_precision.py clears it to test the probe
+os.environ.setdefault("AGENTGYM_PRECISION", "fp32")
 
 
 def pytest_addoption(parser):

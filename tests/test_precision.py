@@ -17,6 +17,7 @@ from agentgym.algorithms.learners import LearnerConfig, make_learner
 @pytest.fixture(autouse=True)
 def _cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("AGENTGYM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(P.ENV_OVERRIDE, raising=False)      # the suite pins auto to fp32; here auto probes
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -43,6 +44,18 @@ def test_auto_measures_once_per_machine_and_follows_the_measurement(tmp_path):
     assert "probe:" in again.describe() and "(cached)" in again.describe()
     record = again.to_dict()
     assert record["setting"] == "auto" and record["resolved"] == first.name and "speedup" in record["probe"]
+
+
+def test_the_environment_can_give_this_machine_s_answer(monkeypatch, tmp_path):
+    monkeypatch.setenv(P.ENV_OVERRIDE, "bf16")
+    forced = P.resolve_precision("auto", "cpu")
+    assert (forced.name, forced.reason, forced.probe) == ("bf16", "AGENTGYM_PRECISION=bf16", {})
+    assert P.resolve_precision("fp32", "cpu").name == "fp32"          # an explicit setting still wins
+    assert P.resolve_precision("auto", "cuda").name == "bf16"         # CUDA is not probed either way
+    monkeypatch.setenv(P.ENV_OVERRIDE, "fp16")
+    with pytest.raises(ValueError, match="AGENTGYM_PRECISION must be fp32 or bf16"):
+        P.resolve_precision("auto", "cpu")
+    assert not (tmp_path / "cache" / "precision_probe.json").exists()
 
 
 def test_the_cache_is_keyed_by_the_machine(tmp_path):
