@@ -211,9 +211,9 @@ def interrupted_run(out: str | Path) -> bool:
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C stopped a run; ``checkpoint`` is what ``--resume`` continues from (None: nothing saved)."""
 
-    def __init__(self, step: int, checkpoint: Path | None, output_dir: Path) -> None:
+    def __init__(self, step: int, checkpoint: Path | None) -> None:
         super().__init__(f"interrupted at step {step}")
-        self.step, self.checkpoint, self.output_dir = step, checkpoint, output_dir
+        self.step, self.checkpoint = step, checkpoint
 
 
 class _WholeSteps:
@@ -480,7 +480,7 @@ class Trainer:
             if not guard.torn and self.step > checkpoint_step(saved):
                 self.log(f"[train] saving a checkpoint at step {self.step} ...")
                 saved = self.save_checkpoint()
-            raise TrainingInterrupted(self.step, saved, self.out) from None
+            raise TrainingInterrupted(self.step, saved) from None
 
     def _close_bar(self) -> None:
         if self._bar is not None:
