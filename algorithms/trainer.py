@@ -100,6 +100,10 @@ class TrainConfig(RolloutViews):
     # compute precision of the learner (policy, reference, critic) and the samplers: auto (bf16 on CUDA; on a
     # CPU what a cached probe measures faster), fp32, or bf16 (autocast; fp32 master weights, optimizer, loss)
     precision: str = "auto"
+    # overlap generation with the update (bounded staleness, as in AReaL / prime-rl): 0 = on-policy (generate,
+    # then update); >= 1 = the batch of step k+1 is generated while step k updates, by a separate sampler
+    # holding weights at most this many updates old (one sampler: the pipeline is one batch deep, so 1 in practice)
+    max_staleness: int = 0
 
     config_aliases: ClassVar[dict[str, str]] = ROLLOUT_ALIASES
 
@@ -122,6 +126,8 @@ class TrainConfig(RolloutViews):
         check_precision(self.precision)
         if self.rollout_workers < 0:
             raise ValueError(f"rollout_workers must be >= 0, got {self.rollout_workers}")
+        if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be an integer >= 0 (0: on-policy), got {self.max_staleness!r}")
         from agentgym.policies.ray_pool import check_weight_transfer
         check_weight_transfer(self.weight_transfer)
         if self.backend not in (None, "hf", "vllm"):
@@ -298,14 +304,15 @@ class Trainer:
         sampler_dtype = cfg.dtype or ("bfloat16" if backend == "vllm" and self.precision.bf16 else None)
         if policy is None:  # any model spec, including an SFT / DPO output or another run's checkpoint
             policy = load_trained_policy(cfg.model, device=cfg.device, dtype=_torch_dtype(cfg.dtype), seed=cfg.seed,
-                                         **(options if backend == "hf" and not cfg.fsdp and not cfg.rollout_workers else {}))
+                                         **(options if backend == "hf" and not cfg.fsdp and not cfg.rollout_workers
+                                            and not cfg.max_staleness else {}))
         self.train_policy = policy          # the transformers module the learner trains
         if cfg.rollout_workers > 0:         # engines in Ray actors
             from agentgym.policies.ray_pool import RayPolicyPool
             self.policy = RayPolicyPool(cfg.model, num_workers=cfg.rollout_workers, backend=backend, seed=cfg.seed,
                                         address=cfg.rollout.ray_address, weight_transfer=cfg.weight_transfer,
                                         **options)
-        elif backend == "hf" and not cfg.fsdp:
+        elif backend == "hf" and not cfg.fsdp and not cfg.max_staleness:
             self.policy = policy            # colocated: samples with the module being trained
         else:                               # a separate engine, loaded from the same weights (under FSDP an
             # unsharded HF copy per rank when backend=hf: each rank's generate() runs its own number of
