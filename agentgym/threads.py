@@ -54,6 +54,7 @@ class ThreadGovernor:
         self.threads, self.fixed, self.log, self.min_interval_s = threads, fixed, log, min_interval_s
         self.cores = _cores()
         self.changes: list[tuple[int, int, float]] = []   # (old, new, other cores busy) per change
+        self.lanes = 1   # computations this process runs at once (2 while generation overlaps the update)
         torch.set_num_threads(threads)
         self._mark = self._sample()
 
@@ -93,12 +94,31 @@ class ThreadGovernor:
         want = max(1, min(self.cores, self.cores - int(round(others))))
         if want != self.threads:
             import torch
-            torch.set_num_threads(want)
+            torch.set_num_threads(self.per_lane(want))
             self.changes.append((self.threads, want, others))
             self.log(f"[agentgym] torch threads {self.threads} -> {want} (other work kept {others:.1f} of "
                      f"{self.cores} cores busy; --threads N or OMP_NUM_THREADS to fix the count)")
             self.threads = want
         return self.threads
+
+
+    def per_lane(self, threads: int) -> int:
+        """Torch threads for each of the :attr:`lanes` running at once out of a budget of ``threads``."""
+        return max(1, threads // self.lanes)
+
+    def set_lanes(self, lanes: int) -> None:
+        """Share the thread budget between ``lanes`` computations that run at once in this process (torch's
+        thread count is one per process: two lanes with the whole budget each would oversubscribe the cores
+        and spin). An explicit ``--threads N`` is shared the same way."""
+        import torch
+        lanes = max(1, int(lanes))
+        if lanes == self.lanes:
+            return
+        self.lanes = lanes
+        torch.set_num_threads(self.per_lane(self.threads))
+        if lanes > 1:
+            self.log(f"[agentgym] {lanes} computations at once (generation overlaps the update): "
+                     f"{self.per_lane(self.threads)} torch thread(s) each out of {self.threads}")
 
 
 _current: ThreadGovernor | None = None

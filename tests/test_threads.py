@@ -71,6 +71,25 @@ def test_a_count_the_user_chose_is_never_changed(monkeypatch):
     assert gov.recheck() == 1 and torch.get_num_threads() == 1
 
 
+def test_overlapped_lanes_share_the_budget(monkeypatch):
+    """Generation overlapping the update: two computations at once share the thread budget (torch's count
+    is one per process), the user's fixed count too; the governor keeps following the load per lane."""
+    logged: list[str] = []
+    gov = ThreadGovernor(4, log=logged.append, min_interval_s=0.0)
+    gov.cores = 4
+    gov.set_lanes(2)
+    assert torch.get_num_threads() == 2 and gov.threads == 4 and "2 torch thread(s) each out of 4" in logged[-1]
+    monkeypatch.setattr(gov, "others_busy", lambda: 1.0)
+    assert gov.recheck() == 3 and torch.get_num_threads() == 1     # budget 3, two lanes: 1 each
+    gov.set_lanes(1)
+    assert torch.get_num_threads() == 3
+    fixed = ThreadGovernor(2, fixed=True, log=logged.append, min_interval_s=0.0)
+    fixed.set_lanes(2)
+    assert torch.get_num_threads() == 1
+    fixed.set_lanes(1)
+    assert torch.get_num_threads() == 2
+
+
 def test_short_windows_are_not_measured():
     gov = ThreadGovernor(1, min_interval_s=60.0)
     assert gov.others_busy() is None and gov.recheck() == 1
