@@ -536,7 +536,8 @@ _JS = r"""
 
 
 def render_html_report(trajectories: Sequence[Trajectory], tokenizer: Any = None,
-                       metrics: Mapping[str, Any] | None = None, title: str = "agentgym trajectories") -> str:
+                       metrics: Mapping[str, Any] | None = None, title: str = "agentgym trajectories",
+                       sections: Sequence[tuple[str, str]] = ()) -> str:
     """The report as an HTML string (see :func:`write_html_report`)."""
     trajectories = list(trajectories)
     if metrics is None and trajectories:
@@ -558,19 +559,23 @@ def render_html_report(trajectories: Sequence[Trajectory], tokenizer: Any = None
             f'<label><input type="checkbox" id="hide-prompt"> hide prompt tokens</label>'
             f'<span id="counter">{len(trajectories)} trajectories ({n_fail} failed)</span>{legend}</div></header>'
             f'<main><details open><summary>batch metrics</summary><div id="metrics">'
-            f'{_metrics_html(metrics or {})}</div></details>{cards}</main>'
+            f'{_metrics_html(metrics or {})}</div></details>'
+            + "".join(f'<details open><summary>{_esc(name)}</summary>{body}</details>' for name, body in sections)
+            + f'{cards}</main>'
             f'<div id="tip"></div><script>{_JS}</script></body></html>\n')
 
 
 def write_html_report(path: str | Path, trajectories: Sequence[Trajectory], tokenizer: Any = None,
-                      metrics: Mapping[str, Any] | None = None, title: str = "agentgym trajectories") -> Path:
+                      metrics: Mapping[str, Any] | None = None, title: str = "agentgym trajectories",
+                      sections: Sequence[tuple[str, str]] = ()) -> Path:
     """Write one self-contained HTML file showing ``trajectories`` token by token; returns its path.
 
     ``tokenizer`` decodes token ids (without it, messages are shown by role); ``metrics`` (e.g.
     ``RolloutBatch.metrics``) fills the header table, computed with ``summarize`` when omitted.
+    ``sections``: extra ``(title, trusted HTML)`` blocks shown after it (the trainer adds training health).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html_report(trajectories, tokenizer, metrics, title), encoding="utf-8",
+    path.write_text(render_html_report(trajectories, tokenizer, metrics, title, sections), encoding="utf-8",
                     errors="surrogatepass")
     return path
