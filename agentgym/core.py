@@ -19,10 +19,11 @@ from typing import Any, Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 
+from agentgym.errors import InfraError
 from agentgym.rewards import Reward, StepEvent, StepRecord, exact_match, resolve_reward
 from agentgym.spaces import Message, MessageList, UnicodeText
 
-__all__ = ["AgentEnv", "Transition"]
+__all__ = ["AgentEnv", "InfraError", "Transition"]
 
 
 @dataclass
@@ -214,10 +215,11 @@ class AgentEnv(gym.Env[list, str]):
             tr = self.invalid(f"Your response has {len(action)} characters; the limit is {self.max_action_chars}. "
                               "Answer more briefly.")
         else:
-            tr = self.transition(action)
+            tr = self._transition_or_infra_error(action)
         self.turn += 1
         terminated = bool(tr.terminated)
-        truncated = not terminated and self.turn >= self.max_turns
+        infra_error = tr.info.get("infra_error")
+        truncated = not terminated and (self.turn >= self.max_turns or infra_error is not None)
         done = terminated or truncated
         info = dict(tr.info)
         if tr.answer is not None:
@@ -238,6 +240,17 @@ class AgentEnv(gym.Env[list, str]):
             info["episode_summary"] = self._episode_summary(terminated, truncated)
         return tr.messages, reward, terminated, truncated, info
 
+    def _transition_or_infra_error(self, action: str) -> Transition:
+        """:meth:`transition`, or — when the infrastructure under it failed (:class:`InfraError`: a sandbox,
+        a retrieval server, a tool backend) — a transition that ends the episode marked ``infra_error``."""
+        try:
+            return self.transition(action)
+        except InfraError as e:
+            message = f"{type(e).__name__}: {e}"
+            return Transition([{"role": "user", "content": f"Infrastructure error, not your fault: {message}. "
+                                                          "The episode ends here."}],
+                              action_type="infra_error", info={"infra_error": message})
+
     def _episode_summary(self, terminated: bool, truncated: bool) -> dict[str, Any]:
         counts = Counter(r.action_type for r in self._history)
         summary = {
@@ -251,6 +264,7 @@ class AgentEnv(gym.Env[list, str]):
             "action_counts": dict(counts),
             "reward_terms": dict(self._term_totals),
             "task_index": self.task_index,
+            "infra_error": next((r.info["infra_error"] for r in self._history if "infra_error" in r.info), None),
         }
         summary.update(self.episode_metrics())
         return summary

@@ -2,7 +2,8 @@
 
 :class:`ToolSet` executes calls and turns every failure (unknown tool, schema violation, exception,
 timeout) into a :class:`ToolResult` with ``ok=False`` and a message a model can act on. It never
-raises on a model's call.
+raises on a model's call, except :class:`~agentgym.errors.InfraError` from a tool's backend (a sandbox,
+a retrieval server): that is not the model's failure, and the env marks the episode instead.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+
+from agentgym.errors import InfraError
 
 import jsonschema
 
@@ -234,6 +237,8 @@ class ToolSet:
                 value = self._pool.submit(tool_.fn, **arguments).result(timeout=self.timeout_s)
         except cf.TimeoutError:
             return ToolResult(name, f"Error: {name} timed out after {self.timeout_s:g} s.", ok=False, error="timeout")
+        except InfraError:      # the tool's backend failed, not the model: the env marks the episode
+            raise
         except Exception as e:  # a tool's failure is an observation for the model, not a crash
             return ToolResult(name, f"Error: {name} failed: {type(e).__name__}: {e}", ok=False, error="exception")
         text = _to_text(value)

@@ -548,6 +548,17 @@ class Trainer:
             batch = type(batch)(trajectories, {**summarize(trajectories), **timing})
         return batch
 
+    def _without_infra_errors(self, trajectories: list[Any]) -> tuple[list[Any], int]:
+        """The episodes to train on: those that ended on an infrastructure error (a sandbox, a retrieval
+        server, a tool backend: :class:`agentgym.errors.InfraError`) are left out of the group baselines and
+        the loss — their zero reward says nothing about the policy. Returns the rest and how many were left out."""
+        marked = [t for t in trajectories if (t.episode or {}).get("infra_error")]
+        if not marked:
+            return trajectories, 0
+        self.log(f"[train] step {self.step + 1}: {len(marked)} of {len(trajectories)} episodes ended on an "
+                 f"infrastructure error, left out of the baselines and the loss (first: {marked[0].episode['infra_error']})")
+        return [t for t in trajectories if not (t.episode or {}).get("infra_error")], len(marked)
+
     def _sync_sampler(self) -> float:
         """Give the sampler the learner's current weights (once per step); seconds it took."""
         if self.sampler_version == self.step:
@@ -581,8 +592,9 @@ class Trainer:
                 sync_s = self._sync_sampler()
                 if self.step + 1 < cfg.steps:
                     self.sampling.start(self.step + 1, self.sampler_version)
+            trajectories, infra = self._without_infra_errors(batch.trajectories)
             with update_section():   # a Ctrl-C here waits for the whole update (see _WholeSteps)
-                upd = self.learner.update(batch.trajectories)
+                upd = self.learner.update(trajectories) if trajectories else {"skipped": 1.0}
                 staleness = self.step - got.version
                 self.step += 1
                 if not ahead:   # the sampler gets the new weights (a no-op when it is the trained module itself)
@@ -590,7 +602,7 @@ class Trainer:
                 dt = time.perf_counter() - t0
                 row = {"step": float(self.step), **{f"rollout/{k}": v for k, v in batch.metrics.items()},
                        **{f"train/{k}": float(v) for k, v in upd.items()},
-                       "rollout/staleness": float(staleness), "time/step_s": dt, "time/rollout_s": got.seconds,
+                       "rollout/staleness": float(staleness), "rollout/infra_errors": float(infra), "time/step_s": dt, "time/rollout_s": got.seconds,
                        "time/rollout_wait_s": t_wait, "time/sync_s": sync_s,
                        "perf/tokens_per_s": batch.metrics.get("generated_tokens", 0.0) / max(dt, 1e-9),
                        **batch_health(batch.trajectories, cfg.health)}

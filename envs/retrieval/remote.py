@@ -18,6 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from agentgym.errors import InfraError
+
 from .base import Hit, Retriever
 
 
@@ -49,6 +51,11 @@ def _error_message(response: httpx.Response) -> str:
                 msgs.append(str(err))
         return "; ".join(msgs)
     return detail if isinstance(detail, str) else json.dumps(detail)[:500]
+
+
+class RetrieverUnavailable(InfraError):
+    """The retrieval server timed out, refused the connection or answered 5xx on every attempt: an
+    infrastructure failure, so an episode that hits it is marked and kept out of training."""
 
 
 class RemoteRetriever(Retriever):
@@ -111,7 +118,7 @@ class RemoteRetriever(Retriever):
                     f"retrieval server {url} answered HTTP {response.status_code} with a body that is not "
                     f"JSON: {response.text[:200]!r}"
                 ) from None
-        raise RuntimeError(f"retrieval server {url} failed after {attempts} attempt(s): {last}")
+        raise RetrieverUnavailable(f"retrieval server {url} failed after {attempts} attempt(s): {last}")
 
     def _search_batch(self, queries: list[str], topk: int) -> list[list[Hit]]:
         out: list[list[Hit]] = []

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Mapping, Sequence
 
+from agentgym.errors import InfraError
+
 log = logging.getLogger("agentgym.sandbox")
 
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
@@ -37,7 +39,7 @@ _MEMORY_MARKERS = re.compile(
     rb"MemoryError|Cannot allocate memory|out of memory|std::bad_alloc", re.IGNORECASE)
 
 
-class SandboxError(RuntimeError):
+class SandboxError(InfraError):
     """The sandbox infrastructure failed (not the program): daemon down, image missing, ..."""
 
 

@@ -1,0 +1,163 @@
+"""Infrastructure failures are not the policy's: the episode is marked and kept out of the baselines and the loss.
+
+Real components: a real HTTP retrieval server on loopback (Search-R1's wire format) that answers 500 to
+every 5th request, the real SearchQA env with the real RemoteRetriever, a real tiny transformers model
+trained by the real Trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import gymnasium as gym
+import httpx
+import pytest
+
+import agentgym
+from agentgym import AgentEnv
+from agentgym.core import Transition
+from agentgym.errors import InfraError
+from agentgym.tools import Tool, ToolSet
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    """Search-R1's /retrieve; every 5th request (20 %) answers HTTP 500."""
+    count = 0
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with _Flaky.lock:
+            _Flaky.count += 1
+            fail = _Flaky.count % 5 == 0
+        if fail:
+            payload, status = {"detail": "index shard unavailable"}, 500
+        else:
+            payload, status = {"result": [[{"document": {"id": str(i), "contents": f'"Doc {i}"\nabout {q}'},
+                                            "score": 1.0 - i / 10} for i in range(body.get("topk", 3))]
+                                          for q in body["queries"]]}, 200
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def flaky_url():
+    _Flaky.count = 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/retrieve"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_failing_retriever_marks_the_episode_without_a_traceback(flaky_url):
+    from agentgym.envs.retrieval.remote import RemoteRetriever, RetrieverUnavailable
+    assert issubclass(RetrieverUnavailable, InfraError)
+    env = agentgym.make("SearchQA-v0", retriever=RemoteRetriever(flaky_url, max_retries=0), max_turns=4)
+    marked = normal = 0
+    for episode in range(6):
+        env.reset(seed=episode)
+        for turn in range(3):
+            obs, reward, terminated, truncated, info = env.step(f"<search>query {episode}-{turn}</search>")
+            if "infra_error" in info:
+                marked += 1
+                assert truncated and not terminated and "HTTP 500" in info["infra_error"]
+                assert "Infrastructure error, not your fault" in obs[0]["content"]
+                assert info["episode_summary"]["infra_error"] == info["infra_error"]
+                assert info["action_type"] == "infra_error"
+                break
+            normal += 1
+            assert "Doc 0" in obs[-1]["content"]
+            if terminated or truncated:
+                assert info["episode_summary"]["infra_error"] is None
+                break
+    assert marked >= 2 and normal >= 8      # every 5th request failed, the rest searched normally
+
+
+def test_tools_pass_infra_errors_through_and_keep_policy_errors_as_observations():
+    def backend_down(x: int) -> str:
+        raise InfraError("sandbox daemon gone")
+
+    def bug(x: int) -> str:
+        raise KeyError("no such row")
+
+    tools = ToolSet([Tool.from_function(backend_down), Tool.from_function(bug)])
+    with pytest.raises(InfraError, match="daemon gone"):
+        tools.call("backend_down", {"x": 1})
+    result = tools.call("bug", {"x": 1})
+    assert not result.ok and result.error == "exception" and "no such row" in result.content
+
+
+def test_sandbox_failures_are_infrastructure_failures():
+    from agentgym.envs.sandbox import SandboxError
+    assert issubclass(SandboxError, InfraError)
+
+
+class FlakyServiceEnv(AgentEnv):
+    """Each action is sent to a service (the flaky server); its 5xx is an infrastructure error."""
+    num_tasks = 8
+    url = ""
+
+    def get_task(self, index):
+        return {"n": index}
+
+    def initial_messages(self, task):
+        return [{"role": "user", "content": f"Say a number near {task['n']}."}]
+
+    def transition(self, action):
+        r = httpx.post(self.url, json={"queries": [action[:50]], "topk": 1})
+        if r.status_code >= 500:
+            raise InfraError(f"service answered HTTP {r.status_code}")
+        return Transition([], "answer", terminated=True, answer=action, info={})
+
+    def default_reward(self):
+        from agentgym.rewards import Reward, shaper
+
+        @shaper("length")
+        def length(event):   # a reward that varies inside a group, so GRPO has advantages to compute
+            return min(len(event.action), 20) / 20
+
+        return Reward([length])
+
+
+def test_marked_episodes_never_reach_the_loss(tmp_path, flaky_url):
+    from agentgym.algorithms.trainer import TrainConfig, Trainer
+    from agentgym.config import load_config
+
+    FlakyServiceEnv.url = flaky_url
+    env_id = agentgym.register("FlakyService-v0", entry_point=FlakyServiceEnv)
+    try:
+        cfg = load_config(TrainConfig, overrides=[
+            "model=tiny-random", "algo=grpo", "env=FlakyService-v0", "env_kwargs={}", "groups_per_step=4",
+            "group_size=4", "steps=1", "sampling.max_new_tokens=6", "eval.episodes=2", "learner.micro_batch_size=8",
+            "tensorboard=false", "eval.env_kwargs={}", f"output_dir={tmp_path / 'run'}"])
+        logged: list[str] = []
+        trainer = Trainer(cfg, log=logged.append)
+        seen: list[list] = []
+        batches: list[list] = []
+        update = trainer.learner.update
+        trainer.learner.update = lambda trajectories: (seen.append(list(trajectories)), update(trajectories))[1]
+        trainer.on_step = lambda step, batch, row: batches.append(list(batch.trajectories))
+        history = trainer.train()["history"]
+    finally:
+        del gym.registry[env_id]
+    marked_total = 0
+    for batch, trained, row in zip(batches, seen, history):
+        marked = [t for t in batch if t.episode.get("infra_error")]
+        marked_total += len(marked)
+        assert row["rollout/infra_errors"] == len(marked)
+        assert not any(t.episode.get("infra_error") for t in trained)
+        # exactly the rest, in order: the group baselines are those of a batch without the marked episodes
+        assert [id(t) for t in trained] == [id(t) for t in batch if not t.episode.get("infra_error")]
+    assert marked_total >= 2          # 16 episodes, every 5th service call failed
+    assert any("infrastructure error, left out of the baselines and the loss" in line for line in logged)
