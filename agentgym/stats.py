@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["mean_ci", "diff_ci", "bootstrap_ci", "paired_bootstrap_ci", "t_quantile", "verdict",
-           "undefined_reason", "format_ci", "without_undefined"]
+           "undefined_reason", "format_ci", "without_undefined", "min_detectable_difference"]
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -81,6 +81,23 @@ def diff_ci(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tupl
     df = (vx + vy) ** 2 / (vx ** 2 / (x.size - 1) + vy ** 2 / (y.size - 1))
     half = t_quantile(0.5 + level / 2, df) * se
     return d, d - half, d + half
+
+
+def min_detectable_difference(a: Sequence[float], b: Sequence[float], level: float = 0.95,
+                              power: float = 0.8) -> float:
+    """The smallest true difference of means that a Welch test at ``level`` would detect with probability
+    ``power``, given the spread the two groups of runs show: (t_{1−α/2} + t_{power}) × SE, with Welch's SE
+    and degrees of freedom. A budget's resolution — a difference below it is expected to read as noise.
+    NaN with fewer than two runs in a group; 0 when neither group has any spread."""
+    x, y = _clean(a), _clean(b)
+    if x.size < 2 or y.size < 2:
+        return math.nan
+    vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+    se = math.sqrt(vx + vy)
+    if se == 0:
+        return 0.0
+    df = (vx + vy) ** 2 / (vx ** 2 / (x.size - 1) + vy ** 2 / (y.size - 1))
+    return (t_quantile(0.5 + level / 2, df) + t_quantile(power, df)) * se
 
 
 def bootstrap_ci(values: Sequence[float], level: float = 0.95, n_boot: int = 10_000,

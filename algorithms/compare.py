@@ -67,7 +67,7 @@ import numpy as np
 import torch
 
 from agentgym.config import load_config, to_dict
-from agentgym.stats import diff_ci, format_ci, mean_ci, verdict, without_undefined
+from agentgym.stats import diff_ci, format_ci, mean_ci, min_detectable_difference, verdict, without_undefined
 
 from agentgym.algorithms.learners import LEARNERS, LearnerConfig, learner_needs_groups
 from agentgym.algorithms.trainer import TrainConfig, Trainer
@@ -515,7 +515,8 @@ def _pairwise_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                 raw = diff_ci(xa, xb)
                 ci, reason = without_undefined(raw, min(_finite_count(xa), _finite_count(xb)))
                 rows.append({"a": a, "b": b, "metric": metric, "diff": ci[0], "low": ci[1], "high": ci[2],
-                             "verdict": verdict(raw), "undefined": reason})
+                             "verdict": verdict(raw), "undefined": reason,
+                             "min_detectable": min_detectable_difference(xa, xb)})
     return rows
 
 
@@ -639,10 +640,13 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
         lines += ["**Which differences are significant** (difference of seed means, Welch 95 % interval; "
                   "*significant* = the interval excludes 0, *noise* = it does not, *n/a* = there is no interval: "
                   "a variant has one seed, or each variant's seeds agree exactly, see above):", "",
-                  "| a − b | metric | difference | 95 % CI | verdict |", "|---|---|---:|---:|---|"]
+                  "| a − b | metric | difference | 95 % CI | smallest detectable (80 % power) | verdict |",
+                  "|---|---|---:|---:|---:|---|"]
         for d in diffs:
             ci = _fmt_ci((d["diff"], d["low"], d["high"]), d.get("undefined"))
-            lines.append(f"| `{d['a']}` − `{d['b']}` | {d['metric']} | {d['diff']:+.3f} | {ci} | {d['verdict']} |")
+            mdd = d.get("min_detectable", math.nan)
+            lines.append(f"| `{d['a']}` − `{d['b']}` | {d['metric']} | {d['diff']:+.3f} | {ci} | "
+                         f"{'n/a' if math.isnan(mdd) else f'{mdd:.3f}'} | {d['verdict']} |")
         sig = sum(d["verdict"] == "significant" for d in diffs)
         undefined = sum(d["verdict"] == "n/a" for d in diffs)
         rest = len(diffs) - sig - undefined
@@ -650,7 +654,50 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
                   + (f"; {undefined} have no interval (n/a) and are not judged" if undefined else "")
                   + ("; the rest cannot be told apart from seed noise with this budget." if rest
                      else "." if undefined else "; all separate from seed noise."), ""]
+        lines += _power_lines(diffs, len(seeds)) + _control_lines(diffs)
     return "\n".join(lines)
+
+
+def is_negative_control(label: str) -> bool:
+    """A variant trained with lr 0 (``grpo:lr=0``): it samples and updates like the others but cannot
+    learn, so whatever it gains is the noise floor every learner must clear."""
+    for setting in label.split(":")[1:]:
+        key, _, value = setting.partition("=")
+        if key.strip() in ("lr", "learner.lr"):
+            try:
+                return float(value) == 0.0
+            except ValueError:
+                return False
+    return False
+
+
+def _control_lines(diffs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every learner against the negative control(s): separated (CI excluding 0) or not."""
+    rows = [d for d in diffs if is_negative_control(d["a"]) != is_negative_control(d["b"])]
+    if not rows:
+        return []
+    out = ["**Against the negative control** (lr 0: samples and updates, cannot learn):", ""]
+    for d in rows:
+        learner, control = (d["b"], d["a"]) if is_negative_control(d["a"]) else (d["a"], d["b"])
+        sign = -1.0 if is_negative_control(d["a"]) else 1.0
+        out.append(f"- `{learner}` vs `{control}`, {d['metric']}: {sign * d['diff']:+.3f} — "
+                   + {"significant": "separated from the control", "noise": "not separated (noise)",
+                      "n/a": "no interval"}[d["verdict"]])
+    return out + [""]
+
+
+def _power_lines(diffs: Sequence[Mapping[str, Any]], n_seeds: int) -> list[str]:
+    """What this budget can resolve: per metric, the median smallest detectable difference over the pairs."""
+    out = []
+    for metric in dict.fromkeys(d["metric"] for d in diffs):
+        mdds = [d["min_detectable"] for d in diffs if d["metric"] == metric and not math.isnan(d.get("min_detectable", math.nan))]
+        if mdds:
+            out.append(f"- *{metric}*: with {n_seeds} seeds, a true difference smaller than "
+                       f"**{float(np.median(mdds)):.3f}** (median over the pairs) is more likely than not to read "
+                       "as noise: the smallest detectable difference at 95 % and 80 % power, from the spread over "
+                       "seeds (each seed's value averages its questions, so question variance is in it too). "
+                       "Halving it takes about 4× the seeds.")
+    return (["**Resolution of this budget:**", "", *out, ""] if out else [])
 
 
 def _fmt_ci(ci: tuple[float, float, float], reason: str | None = None) -> str:

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from agentgym.stats import bootstrap_ci, diff_ci, mean_ci, paired_bootstrap_ci, t_quantile, verdict
+from agentgym.stats import (bootstrap_ci, diff_ci, mean_ci, min_detectable_difference, paired_bootstrap_ci, t_quantile,
+                            verdict)
 
 
 def test_t_interval_by_hand():
@@ -24,6 +25,20 @@ def test_welch_difference_by_hand():
     assert verdict((d, lo, hi)) == "significant"
     assert verdict(diff_ci([0.1, 0.5, 0.3], [0.2, 0.4, 0.35])) == "noise"
     assert diff_ci([1.0, 1.0], [1.0, 1.0]) == (0.0, 0.0, 0.0)
+
+
+def test_min_detectable_difference_by_hand_and_by_simulation():
+    # se = 0.8165, df = 4: (t(0.975, 4) + t(0.8, 4)) * se = (2.7764 + 0.9410) * 0.8165 = 3.0353
+    assert min_detectable_difference([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == pytest.approx(3.0353, abs=2e-3)
+    assert math.isnan(min_detectable_difference([1.0], [2.0, 3.0]))
+    assert min_detectable_difference([1.0, 1.0], [2.0, 2.0]) == 0.0
+    # a true difference equal to the (known-variance) resolution is detected about 80 % of the time
+    import numpy as np
+    rng = np.random.default_rng(0)
+    n, sd = 8, 1.0
+    ref = min_detectable_difference(rng.normal(0, sd, 4000), rng.normal(0, sd, 4000)) * math.sqrt(4000 / n)
+    hits = sum(verdict(diff_ci(rng.normal(ref, sd, n), rng.normal(0, sd, n))) == "significant" for _ in range(2000))
+    assert 0.72 <= hits / 2000 <= 0.86, hits / 2000
 
 
 def test_bootstraps_are_seeded_and_cover_the_mean():
@@ -54,6 +69,14 @@ def test_compare_table_says_which_differences_are_significant():
     assert by[("ppo", "reinforce", "final_reward")] == "noise"
     md = markdown_table(summary, TrainConfig(), [0, 1, 2], 2, 4, 0.8, "yes")
     assert "Which differences are significant" in md and "| significant |" in md and "| noise |" in md
+    assert "smallest detectable (80 % power)" in md and "Resolution of this budget" in md
+    assert all(d["min_detectable"] > 0 for d in summary["_differences"] if d["metric"] == "final_reward")
+    assert "negative control" not in md
+    control = [run("grpo:lr=0", s, [0.1, 0.1 + 0.02 * s]) for s in range(3)]
+    summary = summarize_runs(records[:3] + control, parse_variants("grpo,grpo:lr=0"), 4, 0.8)
+    md = markdown_table(summary, TrainConfig(), [0, 1, 2], 2, 4, 0.8, "yes")
+    assert "**Against the negative control**" in md
+    assert "- `grpo` vs `grpo:lr=0`, final_reward: +0.390 — separated from the control" in md
 
 
 def test_zero_width_and_one_value_intervals_are_undefined_not_exact():
