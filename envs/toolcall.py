@@ -812,7 +812,8 @@ class ToolCallEnv(AgentEnv):
 
     def __init__(self, split: str = "train", families: Sequence[str] | None = None, transient_rate: float = 0.2,
                  max_turns: int = 10, reward: Reward | Mapping[str, float] | None = None,
-                 tools_in_prompt: bool = True, max_action_chars: int = 16_384, render_mode: str | None = None):
+                 tools_in_prompt: bool = True, max_action_chars: int = 16_384, render_mode: str | None = None,
+                 group_reward: Any = None):
         if split not in _SPLIT_SEEDS:
             raise ValueError(f"split must be one of {sorted(_SPLIT_SEEDS)}, got {split!r}")
         families = list(FAMILIES) if families is None else list(families)
@@ -829,7 +830,8 @@ class ToolCallEnv(AgentEnv):
         self.tools = ToolSet(self.store.tools(), timeout_s=None)  # SQLite calls are fast: no worker thread
         self._calls: list[dict[str, Any]] = []
         self._success = False
-        super().__init__(reward=reward, max_turns=max_turns, max_action_chars=max_action_chars, render_mode=render_mode)
+        super().__init__(reward=reward, max_turns=max_turns, max_action_chars=max_action_chars, render_mode=render_mode,
+                         group_reward=group_reward)
 
     # ------------------------------------------------------------------ tasks
     def default_reward(self) -> Reward:

@@ -266,7 +266,8 @@ class CodeExecEnv(AgentEnv):
                  time_limit_s: float = 20.0, memory_mb: int = 256, visible_tests: int | None = None,
                  reveal_hidden_tests: bool = False,
                  max_turns: int | None = None, max_action_chars: int = 16_384,
-                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None):
+                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
+                 group_reward: Any = None):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         if reward_mode not in REWARD_MODES:
@@ -301,7 +302,7 @@ class CodeExecEnv(AgentEnv):
         self._attempts = 0
         self._last: dict[str, Any] | None = None
         super().__init__(reward=reward, max_turns=max_turns or max_attempts, max_action_chars=max_action_chars,
-                         render_mode=render_mode)
+                         render_mode=render_mode, group_reward=group_reward)
 
     @property
     def sandbox(self) -> Any:

@@ -192,7 +192,7 @@ class SearchQAEnv(AgentEnv):
                  max_turns: int = 4, forced_answer: bool = True, data: Mapping[str, Any] | None = None,
                  world_seed: int = 0, world_size: str | int = "small",
                  reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
-                 retrieval: str = "agentic"):
+                 retrieval: str = "agentic", group_reward: Any = None):
         if protocol not in ("search_r1", "chat"):
             raise ValueError(f"protocol must be 'search_r1' or 'chat', got {protocol!r}")
         if retrieval not in RETRIEVAL_MODES:
@@ -222,7 +222,7 @@ class SearchQAEnv(AgentEnv):
                                     "required": ["query"], "additionalProperties": False}, self._search_text)],
                              timeout_s=None)
         super().__init__(reward=reward, max_turns=self.search_turns + (1 if forced_answer else 0),
-                         render_mode=render_mode)
+                         render_mode=render_mode, group_reward=group_reward)
 
     # -- data and retrieval
     @staticmethod
