@@ -255,6 +255,23 @@ class _ContainerPool:
                 return left
 
 
+def reap_stale(client: Any) -> None:
+    """Remove sandbox containers left by dead processes on this host (crash, SIGKILL)."""
+    host = socket.gethostname()
+    try:
+        stale = client.containers.list(all=True, filters={"label": LABEL})
+    except _docker_errors():
+        return
+    for c in stale:
+        owner = c.labels.get(OWNER_LABEL, "")
+        h, _, pid = owner.rpartition(":")
+        if h == host and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                c.remove(force=True)
+            except _docker_errors():
+                pass
+
+
 def _remove_ids(client: Any, ids: set[str]) -> None:
     """Finaliser: remove whatever containers a forgotten sandbox still owns."""
     for cid in list(ids):
@@ -344,20 +361,7 @@ class DockerSandbox(Sandbox):
         return container
 
     def _reap_stale(self) -> None:
-        """Remove containers left by dead processes on this host (crash, SIGKILL)."""
-        host = socket.gethostname()
-        try:
-            stale = self._client.containers.list(all=True, filters={"label": LABEL})
-        except _docker_errors():
-            return
-        for c in stale:
-            owner = c.labels.get(OWNER_LABEL, "")
-            h, _, pid = owner.rpartition(":")
-            if h == host and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-                try:
-                    c.remove(force=True)
-                except _docker_errors():
-                    pass
+        reap_stale(self._client)
 
     # -- running ------------------------------------------------------------------------
     def _reserved_names(self) -> tuple[str, ...]:

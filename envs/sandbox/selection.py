@@ -1,6 +1,7 @@
 """Pick a sandbox backend, share it, and refuse to run code when nothing isolates it.
 
-Order of strength: ``docker`` (cgroups, seccomp, read-only image, single-use containers) >
+Order of strength: ``docker`` (cgroups, seccomp, read-only image, containers verified clean
+between jobs) >
 ``bwrap`` (namespaces + rlimits) > ``subprocess`` (rlimits only: **not a security boundary**).
 
 Fail closed. Model-written code is untrusted, so the default (``"auto"``) considers only the two
@@ -230,17 +231,28 @@ def default_backend(image: str = DEFAULT_IMAGE) -> tuple[str | None, dict[str, s
 
 def make_sandbox(backend: str, *, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
                  image: str = DEFAULT_IMAGE, pool_size: int = 2, allow_unsafe: bool = False,
-                 **options: Any) -> Sandbox:
+                 warm: bool = True, **options: Any) -> Sandbox:
     """Construct one named backend (``options`` go to its constructor).
 
-    ``"subprocess"`` needs the opt-in (``allow_unsafe=True`` or the environment variable).
+    ``warm=True`` (the default): docker and bwrap keep long-lived sandboxes that run job after
+    job and are verified clean between jobs (``warm.py``, ``runner.py``); ``warm=False``: the
+    older one-container / one-bwrap-per-job backends. ``"subprocess"`` needs the opt-in
+    (``allow_unsafe=True`` or the environment variable).
     """
     unsafe_allowed(allow_unsafe)
     if backend == "docker":
+        if warm:
+            from .docker_warm import WarmDockerSandbox
+            return WarmDockerSandbox(image, pool_size=pool_size, max_output_bytes=max_output_bytes,
+                                     **options)
         from .docker_sandbox import DockerSandbox
         return DockerSandbox(image, pool_size=pool_size, max_output_bytes=max_output_bytes,
                              **options)
     if backend == "bwrap":
+        if warm:
+            from .bwrap_warm import WarmBwrapSandbox
+            return WarmBwrapSandbox(pool_size=pool_size, max_output_bytes=max_output_bytes,
+                                    **options)
         from .bwrap_sandbox import BwrapSandbox
         return BwrapSandbox(max_output_bytes=max_output_bytes, **options)
     if backend == "subprocess":
