@@ -73,7 +73,8 @@ class WarmBwrapSandbox(WarmSandbox):
         return {"nproc": nproc_budget(uid, self.max_processes)}
 
     def _breach(self, answer: dict) -> bool:
-        return any(r.get("killed", 0) >= self.max_processes - 2 for r in answer.get("results", []))
+        # a job that needed a sweep of half its process budget was at least close to the limit
+        return any(r.get("killed", 0) >= self.max_processes // 2 for r in answer.get("results", []))
 
     def close(self) -> None:
         super().close()

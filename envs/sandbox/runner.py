@@ -37,7 +37,6 @@ import json  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
 import selectors  # noqa: E402
-import shutil  # noqa: E402
 import signal  # noqa: E402
 import stat  # noqa: E402
 import struct  # noqa: E402
@@ -128,11 +127,30 @@ def sweep(timeout_s=3.0):
         time.sleep(0.001)
 
 
-def _force_writable(path):
+def _remove_tree(path):
+    """rm -rf that also enters directories a job made unreadable (mode 0)."""
     try:
         st = os.lstat(path)
-        if stat.S_ISDIR(st.st_mode):
-            os.chmod(path, 0o700)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return
+    try:
+        os.chmod(path, 0o700)
+    except OSError:
+        pass
+    try:
+        names = os.listdir(path)
+    except OSError:
+        names = []
+    for name in names:
+        _remove_tree(os.path.join(path, name))
+    try:
+        os.rmdir(path)
     except OSError:
         pass
 
@@ -146,31 +164,12 @@ def wipe(path, mode=None):
         except OSError:
             pass
     try:
-        entries = os.listdir(path)
-    except OSError as e:
-        return ["%s: %s" % (path, e)]
-    for name in entries:
-        full = os.path.join(path, name)
-        try:
-            if os.path.isdir(full) and not os.path.islink(full):
-                shutil.rmtree(full, onerror=lambda fn, p, exc: (_force_writable(os.path.dirname(p)),
-                                                               _retry(fn, p)))
-            else:
-                os.unlink(full)
-        except OSError:
-            pass
-    try:
+        for name in os.listdir(path):
+            _remove_tree(os.path.join(path, name))
         left = os.listdir(path)
-    except OSError as e:
-        return ["%s: %s" % (path, e)]
+    except (OSError, RecursionError) as e:
+        return ["%s: %r" % (path, e)]
     return ["%s/%s" % (path, n) for n in left]
-
-
-def _retry(fn, path):
-    try:
-        fn(path)
-    except OSError:
-        pass
 
 
 def ipc_objects():

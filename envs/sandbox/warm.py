@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .runner import BOOT
-from .base import (ExecResult, Job, Sandbox, SandboxError, DEFAULT_MAX_OUTPUT_BYTES, looks_like_oom,
-                   make_job)
+from .base import (ExecResult, Job, Sandbox, SandboxError, DEFAULT_MAX_OUTPUT_BYTES, batch_job_kwargs,
+                   looks_like_oom, make_job)
 
 log = logging.getLogger("agentgym.sandbox")
 
@@ -302,12 +302,9 @@ class WarmSandbox(Sandbox):
         return done
 
     def _make(self, spec: Mapping[str, Any]) -> Job:
-        allowed = {"code", "stdin", "files", "time_limit_s", "memory_mb", "argv"}
-        unknown = set(spec) - allowed
-        if unknown or "code" not in spec:
-            raise ValueError(f"a batch job needs 'code' and may have {sorted(allowed)}; got {sorted(spec)}")
-        return make_job(spec["code"], spec.get("stdin", ""), spec.get("files"), spec.get("time_limit_s", 5.0),
-                        spec.get("memory_mb", 256), spec.get("argv", ()), self._reserved_names())
+        kw = batch_job_kwargs(spec)
+        return make_job(kw["code"], kw.get("stdin", ""), kw.get("files"), kw.get("time_limit_s", 5.0),
+                        kw.get("memory_mb", 256), kw.get("argv", ()), self._reserved_names())
 
     def _execute(self, job: Job) -> ExecResult:
         return self._execute_many([job])[0]
