@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .base import DEFAULT_MAX_OUTPUT_BYTES, Sandbox, SandboxError
 from .image import DEFAULT_IMAGE
@@ -300,6 +300,18 @@ def best_sandbox(prefer: Sequence[str] | str | None = None, *,
 
 # --------------------------------------------------------------------------- shared sandboxes
 _SHARED: dict[tuple[Any, ...], Sandbox] = {}
+#: When set (``set_sandbox_provider``), named specs resolve through it instead of starting a
+#: sandbox in this process: e.g. env actors use their node's one sandbox service (ray_envs.py).
+_PROVIDER: list[Callable[[str, bool], Any]] = []
+
+
+def set_sandbox_provider(provider: Callable[[str, bool], Any] | None) -> None:
+    """Make :func:`resolve_sandbox` return ``provider(spec, allow_unsafe)`` for named specs (cached
+    per spec and opt-in) instead of a sandbox of this process; ``None`` restores the default."""
+    with _LOCK:
+        _PROVIDER[:] = [provider] if provider is not None else []
+        for key in [k for k in _SHARED if k and k[0] == "provided"]:
+            del _SHARED[key]
 
 
 def _check_spec(spec: Any) -> None:
@@ -333,6 +345,11 @@ def resolve_sandbox(spec: Any = "auto", *, allow_unsafe: bool = False) -> Any:
         return spec
     prefer = preference(spec)
     with _LOCK:
+        if _PROVIDER:
+            key = ("provided", spec, allow_unsafe)
+            if key not in _SHARED:
+                _SHARED[key] = _PROVIDER[0](spec, allow_unsafe)
+            return _SHARED[key]
         backend = select_backend(prefer, allow_unsafe=allow_unsafe)
         key = (backend, *(os.environ.get(v) for v in _PROBE_ENV))
         shared = _SHARED.get(key)
