@@ -32,7 +32,7 @@ import gymnasium as gym
 import numpy as np
 
 from agentgym.formatting import Formatter, make_formatter
-from agentgym.policy import Generation, SamplingParams
+from agentgym.policy import Generation, SamplingParams, cut_at_stop
 from agentgym.rewards import apply_group_reward
 from agentgym.threads import recheck as recheck_threads
 from agentgym.trajectory import Trajectory, TrajectoryBuilder, check_trajectory
@@ -377,6 +377,24 @@ class ChatTurns:
         pass  # no token data to check
 
 
+def _cut_after(gen: Generation, order: Sequence[str], tokenizer: Any) -> Generation:
+    """Issue 26: an env's ``cut_after`` strings, in priority order: the first one present anywhere in the
+    reply cuts it just after its first occurrence (tokens as sampled, up to the one completing it)."""
+    for s in order:
+        if s not in gen.text:
+            continue
+        if not gen.token_ids or tokenizer is None:   # a chat-level policy: text only
+            text = gen.text[:gen.text.index(s) + len(s)]
+            return gen if text == gen.text else Generation([], [], text, "stop", dict(gen.meta))
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        end, _ = cut_at_stop(gen.token_ids, decode, [s])
+        if end == len(gen.token_ids):
+            return gen
+        ids = list(gen.token_ids[:end])
+        return Generation(ids, list(gen.logprobs[:end]), decode(ids), "stop", dict(gen.meta))
+    return gen
+
+
 def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
     """Run an env call (in a worker thread) and return its result with its duration."""
     t0 = time.perf_counter()
@@ -433,6 +451,8 @@ class _Run:
             def live(done: int, tokens: int, n: int = len(eps)) -> None:
                 self._progress(self.finished, len(self.episodes), self.tokens + tokens, (done, n))
         gens = self.turns.generate(eps, live)
+        if getattr(self.turns, "cut_after", ()):
+            gens = [_cut_after(g, self.turns.cut_after, getattr(self.turns.policy, "tokenizer", None)) for g in gens]
         self.last_generate_s = time.perf_counter() - t0
         self.timing["generate_s"] += self.last_generate_s
         if len(gens) != len(eps):
@@ -547,9 +567,11 @@ class RolloutEngine:
         stop = tuple(dict.fromkeys(tuple(self.config.sampling.stop) + tuple(env_attr(env, "stop_strings", ()) or ())))
         sampling = self.config.sampling.replace(stop=stop)
         tools = _env_tools(env)
-        if self.token_level:
-            return TokenTurns(self.policy, self.config, sampling, self.formatter_for(env), tools)
-        return ChatTurns(self.policy, sampling, tools)
+        turns = (TokenTurns(self.policy, self.config, sampling, self.formatter_for(env), tools) if self.token_level
+                 else ChatTurns(self.policy, sampling, tools))
+        # an env's ordered cut rule (SearchQA under Search-R1: first </search> anywhere, else first </answer>)
+        turns.cut_after = tuple(env_attr(env, "cut_after", ()) or ())
+        return turns
 
     # ------------------------------------------------------------------ collection
     def collect(self, env: str | Callable[[], gym.Env], *, num_groups: int = 1, group_size: int = 1,
