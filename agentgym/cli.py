@@ -401,7 +401,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and not args.overwrite and (done := finished_run(cfg.output_dir, cfg.steps)) is not None:
         _say_finished(cfg.output_dir, cfg.steps, done)
         return 0
-    from agentgym.algorithms.learners import LEARNERS
+    from agentgym.algorithms.catalog import LEARNERS
     if cfg.algo.lower() not in LEARNERS:
         raise ConfigError(f"algo: unknown algorithm {cfg.algo!r} for `agentgym train`; choose from {', '.join(sorted(LEARNERS))}"
                           + (" (trl-grpo runs through `agentgym compare --algos trl-grpo`)" if cfg.algo == "trl-grpo" else ""))
@@ -470,7 +470,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from agentgym.algorithms.sft import SFTRunConfig, run_sft
+    from agentgym.algorithms.offline.sft import SFTRunConfig, run_sft
     from agentgym.config import load_config
     from agentgym.runs import prepare_output_dir
     cfg = load_config(SFTRunConfig, args.config, args.overrides)
@@ -487,7 +487,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_dpo(args: argparse.Namespace) -> int:
-    from agentgym.algorithms.dpo import DPORunConfig, run_dpo
+    from agentgym.algorithms.offline.dpo import DPORunConfig, run_dpo
     from agentgym.config import load_config
     from agentgym.runs import prepare_output_dir
     cfg = load_config(DPORunConfig, args.config, args.overrides)

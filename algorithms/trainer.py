@@ -31,7 +31,8 @@ from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutEngine, Roll
 from agentgym.precision import check_precision, resolve_precision
 from agentgym.threads import recheck as recheck_threads
 
-from agentgym.algorithms.learners import LearnerConfig, make_learner
+from agentgym.algorithms.catalog import make_learner
+from agentgym.algorithms.config import LearnerConfig
 
 __all__ = ["TrainConfig", "EvalConfig", "train", "Trainer", "rollout_config", "held_out_eval"]
 
