@@ -296,3 +296,20 @@ def test_closed_warm_sandbox_raises(warm):
     sb.close()
     with pytest.raises(SandboxError, match="closed"):
         sb.run_batch([{"code": "pass"}])
+
+
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=[pytest.mark.docker] if b == "docker" else [])
+                                     for b in BACKENDS])
+def test_preloaded_modules_are_fresh_per_job(warm, backend):
+    """Jobs inherit preloaded modules (unittest, random, ...) from the runner, but not their state:
+    random is reseeded in every job, and a job's changes to a preloaded module do not reach the next."""
+    sb = warm(backend)
+    draws = {sb.run("import random; print(random.random())").stdout for _ in range(3)}
+    assert len(draws) == 3
+    sb.run("import unittest, json; unittest.TestCase.run = None; json.loads = None")
+    r = sb.run("import json, unittest\n"
+               "class T(unittest.TestCase):\n"
+               "    def test(self):\n"
+               "        self.assertEqual(json.loads('[1]'), [1])\n"
+               "unittest.main(argv=['t'])")
+    assert r.ok and "OK" in r.stderr, r

@@ -20,7 +20,8 @@ Processes (three levels, so that no job's data outlives its job):
 * **C** (the job): a fork of H turned into a fresh ``python main.py``: own session and process
   group, the job uid (docker: 65534, while Z/H are root with a few capabilities), rlimits, a
   clean environment, fresh ``__main__``, fresh stdio; the modules the runner imported beyond
-  the interpreter's startup set are dropped, so the job imports its own.
+  the interpreter's startup set and the configured ``preload`` list are dropped, so the job
+  imports its own.
 
 Frame formats: request ``{"jobs": [job, ...]}`` with job ``{"code", "files", "stdin", "argv",
 "time_limit_s", "memory_mb", "max_output_bytes", "nproc", "fsize_mb"}``; answer
@@ -536,8 +537,23 @@ def _wait_for(pid):
             return status
 
 
+def preload(names):
+    """Import ``names`` once in the zygote (as multiprocessing's forkserver preload does); the jobs
+    keep them and what they pulled in, so e.g. ``import unittest`` costs nothing per job."""
+    before = set(sys.modules)
+    for name in names:
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - an optional module missing from the image
+            pass
+    prefixes = tuple(n + "." for n in names)
+    _STARTUP_MODULES.update(n for n in sys.modules
+                            if n not in before or n in names or n.startswith(prefixes))
+
+
 def main():
     cfg = json.loads(sys.argv[2])
+    preload(cfg.get("preload", ()))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         zygote(cfg)

@@ -33,13 +33,18 @@ from .base import (ExecResult, Job, Sandbox, SandboxError, DEFAULT_MAX_OUTPUT_BY
 log = logging.getLogger("agentgym.sandbox")
 
 RUNNER_SOURCE = Path(__file__).with_name("runner.py").read_text(encoding="utf-8")
+#: Standard-library modules the runners import once and every job inherits already imported (a
+#: job's own module of the same name in its work dir does not shadow these, unlike a bare python).
+PRELOAD = ("unittest", "json", "re", "collections", "math", "itertools", "functools", "heapq", "bisect",
+           "string", "random", "typing", "dataclasses", "fractions", "decimal")
 JOB_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
            "PYTHONIOENCODING": "utf-8"}
 
 
 def runner_argv(python: str, config: Mapping[str, Any]) -> list[str]:
     """The command that starts a runner with ``config`` (see runner.py's ``cfg`` keys)."""
-    return [python, "-u", "-B", "-E", "-s", "-c", BOOT, RUNNER_SOURCE, json.dumps(dict(config))]
+    config = {"preload": list(PRELOAD), **config}
+    return [python, "-u", "-B", "-E", "-s", "-c", BOOT, RUNNER_SOURCE, json.dumps(config)]
 
 
 class Channel(abc.ABC):
