@@ -160,84 +160,91 @@ class Runner:
 
 
 class RunnerPool:
-    """``size`` warm runners, started ahead of demand and replaced in the background."""
+    """``size`` warm runners, started ahead of demand and replaced in the background.
+
+    Never more than ``size`` live runners: callers beyond that wait for one to come free (on a
+    small machine more runners only add contention, and starting one costs far more than a job).
+    """
 
     def __init__(self, start: Any, size: int) -> None:
         self._start, self.size = start, size
         self._ready: "queue.Queue[Runner]" = queue.Queue()
         self._lock = threading.Lock()
-        self._pending = 0
+        self._live = 0  # started or starting, not yet closed
         self._error: BaseException | None = None
         self._closed = False
         self._executor = ThreadPoolExecutor(max_workers=max(2, size), thread_name_prefix="agentgym-warm")
         self.started = 0  # runners started so far (a test and benchmark figure)
 
-    def fill(self, outstanding: int = 0) -> None:
-        """Start runners until ``size`` exist (ready + busy ``outstanding`` + starting)."""
+    def fill(self) -> None:
+        """Start runners until ``size`` are live."""
         with self._lock:
             if self._closed:
                 return
-            need = max(self.size - self._ready.qsize() - self._pending - outstanding, 0)
-            self._pending += need
+            need = max(self.size - self._live, 0)
+            self._live += need
         for _ in range(need):
             self._executor.submit(self._make)
 
     def _make(self) -> None:
         try:
             runner = self._start()
-            with self._lock:
-                self.started += 1
-                closed = self._closed
-            if closed:
-                runner.close()
-            else:
-                self._ready.put(runner)
-            self._error = None
         except BaseException as e:  # noqa: BLE001 - reported by acquire()
+            with self._lock:
+                self._live -= 1
             self._error = e
             log.warning("warm sandbox: could not start a runner: %s", e)
-        finally:
-            with self._lock:
-                self._pending -= 1
-
-    def acquire(self, timeout_s: float, busy: int) -> Runner:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return self._ready.get_nowait()
-            except queue.Empty:
-                pass
-            with self._lock:
-                pending, error = self._pending, self._error
-            if error is not None and pending == 0:
-                self._error = None
-                raise SandboxError(f"could not start a sandbox runner: {error}")
-            if pending == 0:  # all busy: one more runner than ``size`` rather than waiting
-                with self._lock:
-                    self._pending += 1
-                self._executor.submit(self._make)
-            if time.monotonic() > deadline:
-                raise SandboxError(f"no sandbox runner ready after {timeout_s:.0f} s")
-            try:
-                return self._ready.get(timeout=0.05)
-            except queue.Empty:
-                continue
-
-    def release(self, runner: Runner) -> None:
+            return
         with self._lock:
+            self.started += 1
             closed = self._closed
-        if closed or self._ready.qsize() >= self.size:
+        self._error = None
+        if closed:
             runner.close()
         else:
             self._ready.put(runner)
 
-    def recycle(self, runner: Runner, outstanding: int = 0) -> None:
+    def acquire(self, timeout_s: float) -> Runner:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._ready.get(timeout=0.05)
+            except queue.Empty:
+                pass
+            with self._lock:
+                live, error = self._live, self._error
+            if error is not None and live == 0:
+                self._error = None
+                raise SandboxError(f"could not start a sandbox runner: {error}")
+            if live < self.size:
+                self.fill()
+            if time.monotonic() > deadline:
+                raise SandboxError(f"no sandbox runner ready after {timeout_s:.0f} s")
+
+    def release(self, runner: Runner) -> None:
+        with self._lock:
+            closed = self._closed
+        if closed:
+            self._close(runner)
+        else:
+            self._ready.put(runner)
+
+    def _close(self, runner: Runner) -> None:
+        try:
+            runner.close()
+        finally:
+            with self._lock:
+                self._live -= 1
+
+    def recycle(self, runner: Runner) -> None:
         """Close ``runner`` in the background and start its replacement."""
+        with self._lock:
+            self._live -= 1
         try:
             self._executor.submit(runner.close)
         except RuntimeError:  # shut down concurrently
             runner.close()
-        self.fill(outstanding)
+        self.fill()
 
     def close(self) -> None:
         with self._lock:
@@ -245,7 +252,7 @@ class RunnerPool:
         self._executor.shutdown(wait=True)
         while True:
             try:
-                self._ready.get_nowait().close()
+                self._close(self._ready.get_nowait())
             except queue.Empty:
                 return
 
@@ -264,8 +271,6 @@ class WarmSandbox(Sandbox):
         self.max_jobs = max_jobs
         self.request_grace_s = request_grace_s
         self.acquire_timeout_s = acquire_timeout_s
-        self._busy = 0
-        self._busy_lock = threading.Lock()
         self.recycled: dict[str, int] = {}  # why -> how often (taint, breach, max_jobs, error)
         self._pool = RunnerPool(self._start_runner, pool_size)
 
@@ -316,31 +321,24 @@ class WarmSandbox(Sandbox):
 
     def _execute_many(self, jobs: list[Job]) -> list[ExecResult]:
         """As many of ``jobs`` as one runner finished cleanly (>= 1), in order."""
-        with self._busy_lock:
-            self._busy += 1
-            busy = self._busy
+        runner = self._pool.acquire(self.acquire_timeout_s)
         try:
-            runner = self._pool.acquire(self.acquire_timeout_s, busy)
-            try:
-                self._before_request(runner, jobs)
-                timeout = sum(j.time_limit_s for j in jobs) + self.request_grace_s * len(jobs)
-                answer = runner.request([self._encode(j) for j in jobs], timeout)
-            except SandboxError as e:
-                self._note("error")
-                self._pool.recycle(runner, busy - 1)
-                raise SandboxError(f"{e} {runner.channel.diagnostics()}".strip()) from e
-            except BaseException:
-                self._pool.recycle(runner, busy - 1)
-                raise
-            return self._answer(runner, jobs, answer, busy)
-        finally:
-            with self._busy_lock:
-                self._busy -= 1
+            self._before_request(runner, jobs)
+            timeout = sum(j.time_limit_s for j in jobs) + self.request_grace_s * len(jobs)
+            answer = runner.request([self._encode(j) for j in jobs], timeout)
+        except SandboxError as e:
+            self._note("error")
+            self._pool.recycle(runner)
+            raise SandboxError(f"{e} {runner.channel.diagnostics()}".strip()) from e
+        except BaseException:
+            self._pool.recycle(runner)
+            raise
+        return self._answer(runner, jobs, answer)
 
     def _before_request(self, runner: Runner, jobs: list[Job]) -> None:
         """Adjust the runner to the jobs (docker: the memory limit)."""
 
-    def _answer(self, runner: Runner, jobs: list[Job], answer: dict, busy: int) -> list[ExecResult]:
+    def _answer(self, runner: Runner, jobs: list[Job], answer: dict) -> list[ExecResult]:
         results = [self._result(j, r) for j, r in zip(jobs, answer.get("results", []))]
         why = ("taint" if answer.get("taint") else "breach" if answer.get("breach") or self._breach(answer)
                else "died" if "died" in answer else "max_jobs" if runner.jobs >= self.max_jobs else None)
@@ -350,7 +348,7 @@ class WarmSandbox(Sandbox):
             self._pool.release(runner)
         else:
             self._note(why)
-            self._pool.recycle(runner, busy - 1)
+            self._pool.recycle(runner)
         if "died" in answer:  # a job killed its handler: that job's verdict is "killed"
             results.append(ExecResult("", "sandbox: the program killed its supervisor", None, False, False,
                                       0.0, False, self.name))
