@@ -32,6 +32,7 @@ import gymnasium as gym
 import numpy as np
 
 from agentgym.formatting import Formatter, make_formatter
+from agentgym.policies.backend import as_backend, tokenizer_of
 from agentgym.policy import Generation, SamplingParams, cut_at_stop
 from agentgym.rewards import apply_group_reward
 from agentgym.threads import recheck as recheck_threads
@@ -296,7 +297,7 @@ class TokenTurns:
     def __init__(self, policy: Any, config: RolloutConfig, sampling: SamplingParams, formatter: Formatter,
                  tools: list[dict[str, Any]] | None):
         self.policy, self.config, self.sampling, self.formatter, self.tools = policy, config, sampling, formatter, tools
-        self.wants_context = bool(getattr(policy, "wants_context", False))
+        self.wants_context = as_backend(policy).needs_context
         self.live_progress = _accepts(policy.generate, "on_progress")
 
     def start(self, ep: _Episode, obs: list[dict[str, str]]) -> None:
@@ -452,7 +453,7 @@ class _Run:
                 self._progress(self.finished, len(self.episodes), self.tokens + tokens, (done, n))
         gens = self.turns.generate(eps, live)
         if getattr(self.turns, "cut_after", ()):
-            gens = [_cut_after(g, self.turns.cut_after, getattr(self.turns.policy, "tokenizer", None)) for g in gens]
+            gens = [_cut_after(g, self.turns.cut_after, tokenizer_of(self.turns.policy)) for g in gens]
         self.last_generate_s = time.perf_counter() - t0
         self.timing["generate_s"] += self.last_generate_s
         if len(gens) != len(eps):
@@ -526,9 +527,11 @@ class RolloutEngine:
     def __init__(self, policy: Any, config: RolloutConfig | None = None):
         self.policy = policy
         self.config = config or RolloutConfig()
-        self.tokenizer = getattr(policy, "tokenizer", None)
-        self.token_level = hasattr(policy, "generate") and self.tokenizer is not None
-        if not self.token_level and not hasattr(policy, "respond"):
+        #: the policy seen through the typed backend interface (a protocol-only object is wrapped)
+        self.backend = as_backend(policy)
+        self.tokenizer = tokenizer_of(self.backend)
+        self.token_level = self.backend.token_level and self.tokenizer is not None
+        if not self.token_level and not self.backend.answers_chat:
             raise TypeError("the policy needs generate(prompts, sampling) with a tokenizer, or respond(conversations, sampling)")
         self._envs: dict[Any, list[gym.Env]] = {}
         self._pool = cf.ThreadPoolExecutor(max_workers=max(1, self.config.env_workers), thread_name_prefix="agentgym-env")
@@ -606,9 +609,8 @@ class RolloutEngine:
         if n:
             schedule = self._run_async if self.config.mode == "async" else self._run_lockstep
             schedule(run, envs)
-        release = getattr(self.policy, "clear_kv_cache", None)
-        if callable(release):   # every episode has ended: per-sequence caches (hf KV reuse) are dead weight
-            release()
+        # every episode has ended: per-sequence caches (hf KV reuse) are dead weight
+        self.backend.clear_kv_cache()
 
         trajs = [ep.traj for ep in episodes]
         group_reward = env_attr(envs[0], "group_reward")
