@@ -338,6 +338,21 @@ def test_env_with_a_prebuilt_index_runs_end_to_end(files, prebuilt):
     assert info["episode_summary"]["success"]
 
 
+def test_prebuilt_index_behind_our_server_answers_like_in_process(files, prebuilt):
+    r = SearchR1IndexRetriever(prebuilt, files["corpus"], default_model_path())
+    server = BackgroundServer(create_app(r), host="127.0.0.1", port=0, start_timeout_s=60)
+    url = server.start()
+    try:
+        remote = SearchQAEnv(data={"questions": str(files["search"])}, retriever=url)
+        local = SearchQAEnv(data={"questions": str(files["search"])}, retriever=r)
+        for env in (remote, local):
+            env.reset(options={"task_index": 1})
+        for action in ("<search>where was ilsa varn born</search>", "<search></search>"):
+            assert remote.step(action)[0] == local.step(action)[0]
+    finally:
+        server.stop()
+
+
 def test_prebuilt_index_problems_fail_at_construction(files, prebuilt, tmp_path):
     questions = {"questions": str(files["search"])}
     model = default_model_path()
