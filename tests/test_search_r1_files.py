@@ -434,3 +434,11 @@ def test_subem_scorer_through_the_env(files, dense):
         env.reset(options={"task_index": 0})
         *_, info = env.step("<answer>the city of Ostravel</answer>")
         assert info["reward_terms"]["exact_match"] == expected, scorer
+
+
+def test_format_reward_judges_the_cut_responses(files, dense):
+    """The follow-up's format reward sees what Search-R1 keeps: text after the cut is not part of it."""
+    env = env_for(files, "search", dense, reward={"exact_match": 0, "search_r1_format": 1})
+    env.reset(options={"task_index": 0})
+    *_, info = env.step("<think>t</think><answer>Ostravel</answer> and then <information>junk")
+    assert info["reward_terms"]["search_r1_format"] == 1.0

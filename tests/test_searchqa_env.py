@@ -451,7 +451,8 @@ FORMAT_CASES = {
                                       "<think>t</think><answer>wrong</answer>"], 0.2 + 0.1),
     "wrong, valid, nothing retrieved": (["<think>t</think><answer>wrong</answer>"], 0.2),
     "wrong, invalid": (["<answer>wrong</answer>"], 0.1),
-    "wrong, wrote information": (["<think>t</think><search>{q}</search><information>x</information>",
+    # (written before the search: text after </search> is cut away, as in Search-R1, and never judged)
+    "wrong, wrote information": (["<think>t</think><information>x</information><search>{q}</search>",
                                   "<think>t</think><answer>wrong</answer>"], 0.1),
     "never answered": (["<think>t</think><search>{q}</search>"] * 5, 0.1),
 }

@@ -150,7 +150,8 @@ class SearchR1FormatReward:
         if not event.done:
             return 0.0
         correct_bad, wrong_good, wrong_bad, bonus = self.values
-        actions = [r.action for r in event.history] + [event.action]
+        # judged on the responses as Search-R1 keeps them (cut after the first </search>, else </answer>)
+        actions = [search_r1_cut(r.action) for r in event.history] + [search_r1_cut(event.action)]
         valid = search_r1_format_valid(actions)
         if exact_match(event.final_answer, event.gold):
             return 1.0 if valid else correct_bad
