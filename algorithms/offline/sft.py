@@ -165,12 +165,14 @@ def prepare_run(cfg: Any, overwrite: bool = False) -> tuple[Path, Any]:
     import torch
     from transformers import set_seed
 
-    from agentgym.policies.loading import load_trained_policy
+    from agentgym.policies.loading import load_policy
+    from agentgym.policies.registry import trainable_backend
     from agentgym.runs import prepare_output_dir
     out = prepare_output_dir(cfg.output_dir, overwrite=overwrite, command=type(cfg).__name__[:3].lower())
     save_config(cfg, out / "config.yaml")
     set_seed(cfg.seed)
-    return out, load_trained_policy(cfg.model, device=cfg.device, dtype=torch.float32, seed=cfg.seed)
+    # the one loader, with the backend whose module a learner trains in place
+    return out, load_policy(cfg.model, trainable_backend(), device=cfg.device, dtype=torch.float32, seed=cfg.seed)
 
 
 def gather_episodes(cfg: Any, policy: Any, desc: str) -> list[Any]:
