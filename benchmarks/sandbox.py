@@ -107,6 +107,36 @@ def measure(once: Callable[[], bool], runs: int, threads: int) -> dict:
             "p90_ms": 1000 * lat[min(len(lat) - 1, int(0.9 * len(lat)))]}
 
 
+def ray_rollouts(episodes: int, sandbox: str) -> list[dict]:
+    """CodeExec-v0 episodes (oracle policy) with the envs in this process (thread pool) vs in Ray env
+    actors that share the node's one sandbox service; the same sandbox backend for both."""
+    import agentgym
+    from agentgym.policies.loading import load_tokenizer_for
+    from agentgym.policies.scripted import ScriptedPolicy
+    from agentgym.ray_envs import ensure_ray
+    from agentgym.rollout import RolloutConfig, RolloutEngine
+    ensure_ray(num_cpus=os.cpu_count() or 2)
+    oracle = agentgym.make("CodeExec-v0", sandbox=sandbox).unwrapped.oracle
+    rows = []
+    for backend in ("thread", "ray"):
+        engine = RolloutEngine(ScriptedPolicy(load_tokenizer_for("tiny-random"), oracle),
+                               RolloutConfig(env_backend=backend))
+        kwargs = {"sandbox": sandbox}
+        try:
+            # warm-up with as many episodes: every env (thread) or env actor (ray) exists, and the
+            # node's sandbox is warm, so both rows are steady state
+            engine.collect("CodeExec-v0", num_groups=episodes, group_size=1, seed=0, env_kwargs=kwargs)
+            t0 = time.perf_counter()
+            b = engine.collect("CodeExec-v0", num_groups=episodes, group_size=1, seed=1, env_kwargs=kwargs)
+            wall = time.perf_counter() - t0
+        finally:
+            engine.close()
+        rows.append({"env_backend": backend, "sandbox": sandbox, "episodes": episodes, "wall_s": wall,
+                     "episodes_per_s": episodes / wall, "success": b.metrics["success_rate"]})
+        print(f"[bench] CodeExec rollouts, envs in {backend}: {episodes / wall:.2f} episodes/s", file=sys.stderr)
+    return rows
+
+
 def versions() -> dict[str, str]:
     model = "?"
     try:
@@ -135,6 +165,9 @@ def main() -> None:
     ap.add_argument("--backends", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--pool-size", type=int, default=2, help="warm pool size (docker, bwrap)")
     ap.add_argument("--out", default=None, help="write the raw numbers as JSON")
+    ap.add_argument("--ray-rollouts", type=int, default=0, metavar="EPISODES",
+                    help="also time CodeExec-v0 rollouts, thread pool vs Ray env actors (0: skip)")
+    ap.add_argument("--ray-sandbox", default="auto", help="sandbox of those rollouts")
     args = ap.parse_args()
 
     status = available_backends()
@@ -189,9 +222,16 @@ def main() -> None:
         print(f"| {r['backend']} | {r['program']} | {r['threads']} | {r['exec_per_s']:.1f} | "
               f"{r['bare_exec_per_s']:.1f} | {r['exec_per_s'] / r['bare_exec_per_s']:.2f} | "
               f"{r['median_ms']:.0f} | {r['p90_ms']:.0f} | {r['failures']} |")
+    rollouts = ray_rollouts(args.ray_rollouts, args.ray_sandbox) if args.ray_rollouts else []
+    if rollouts:
+        thread, ray_ = rollouts
+        print(f"\nCodeExec-v0 rollouts ({thread['episodes']} episodes, oracle policy, sandbox {args.ray_sandbox}): "
+              f"thread pool {thread['episodes_per_s']:.2f} episodes/s, Ray env actors "
+              f"{ray_['episodes_per_s']:.2f} episodes/s, ratio {ray_['episodes_per_s'] / thread['episodes_per_s']:.2f}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"machine": versions(), "runs": args.runs, "rows": rows}, f, indent=2)
+            json.dump({"machine": versions(), "runs": args.runs, "rows": rows, "ray_rollouts": rollouts}, f,
+                      indent=2)
 
 
 if __name__ == "__main__":

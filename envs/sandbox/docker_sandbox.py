@@ -255,6 +255,14 @@ class _ContainerPool:
                 return left
 
 
+def ping(client: Any) -> None:
+    """Before a retry: the daemon still answers, or SandboxError."""
+    try:
+        client.ping()
+    except Exception as e:  # noqa: BLE001
+        raise SandboxError(f"Docker daemon not reachable ({e})") from e
+
+
 def reap_stale(client: Any) -> None:
     """Remove sandbox containers left by dead processes on this host (crash, SIGKILL)."""
     host = socket.gethostname()
@@ -465,10 +473,7 @@ class DockerSandbox(Sandbox):
             return None
 
     def _recover(self, error: SandboxError) -> None:
-        try:
-            self._client.ping()
-        except Exception as e:  # noqa: BLE001
-            raise SandboxError(f"Docker daemon not reachable ({e})") from e
+        ping(self._client)
 
     def close(self) -> None:
         if self._closed:

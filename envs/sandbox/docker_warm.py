@@ -27,7 +27,7 @@ from typing import Any
 
 from .base import DEFAULT_MAX_OUTPUT_BYTES, Job, SandboxError
 from .docker_sandbox import (LABEL, OWNER_LABEL, _docker_errors, _owner_tag, _raw_socket, _remove_ids, connect,
-                             reap_stale, require_image)
+                             ping, reap_stale, require_image)
 from .image import DEFAULT_IMAGE
 from .warm import JOB_ENV, Channel, Runner, WarmSandbox, runner_argv
 
@@ -167,13 +167,8 @@ class WarmDockerSandbox(WarmSandbox):
             self.memory_mb = need  # new containers start with the limit last asked for
 
     def _recover(self, error: SandboxError) -> None:
-        try:
-            self._client.ping()
-        except Exception as e:  # noqa: BLE001
-            raise SandboxError(f"Docker daemon not reachable ({e})") from e
+        ping(self._client)
 
     def close(self) -> None:
-        if self._closed:
-            return
-        super().close()
-        _remove_ids(self._client, self.live)
+        super().close()  # idempotent: stops the pool, closing the ready runners' containers
+        _remove_ids(self._client, self.live)  # and whatever a busy or failed runner left
