@@ -197,7 +197,8 @@ def load_policy(spec: str, env_id: str | None = None, *, device: str | None = No
     file or hub id · what agentgym writes: a ``train`` run or checkpoint directory, an ``sft`` / ``dpo``
     output directory · ``tiny-random`` (2-layer random Llama, for smoke tests) · ``oracle`` (the env's
     scripted reference policy, using privileged task info) · ``openai:MODEL@BASE_URL`` (a hosted
-    OpenAI-compatible chat endpoint; evaluation only). ``backend``: hf | vllm | None (default).
+    OpenAI-compatible chat endpoint; evaluation only). ``backend``: a name registered in
+    :mod:`agentgym.policies.registry`, or None (default).
     """
     from agentgym.config import ConfigError
     from agentgym.policies.loading import load_policy as load
@@ -364,8 +365,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             "trajectories": [t.to_dict() for t in result.trajectories]}, indent=1))
         print(f"wrote {cfg.json}")
     if cfg.html:
+        from agentgym.policies.backend import tokenizer_of
         from agentgym.report import write_html_report
-        path = write_html_report(cfg.html, result.trajectories, tokenizer=getattr(policy, "tokenizer", None),
+        path = write_html_report(cfg.html, result.trajectories, tokenizer=tokenizer_of(policy),
                                  metrics=result.metrics, title=f"{env_id} · {cfg.policy}")
         print(f"wrote {path}")
     return 0
@@ -401,7 +403,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and not args.overwrite and (done := finished_run(cfg.output_dir, cfg.steps)) is not None:
         _say_finished(cfg.output_dir, cfg.steps, done)
         return 0
-    from agentgym.algorithms.learners import LEARNERS
+    from agentgym.algorithms.catalog import LEARNERS
     if cfg.algo.lower() not in LEARNERS:
         raise ConfigError(f"algo: unknown algorithm {cfg.algo!r} for `agentgym train`; choose from {', '.join(sorted(LEARNERS))}"
                           + (" (trl-grpo runs through `agentgym compare --algos trl-grpo`)" if cfg.algo == "trl-grpo" else ""))
@@ -470,7 +472,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from agentgym.algorithms.sft import SFTRunConfig, run_sft
+    from agentgym.algorithms.offline.sft import SFTRunConfig, run_sft
     from agentgym.config import load_config
     from agentgym.runs import prepare_output_dir
     cfg = load_config(SFTRunConfig, args.config, args.overrides)
@@ -487,7 +489,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_dpo(args: argparse.Namespace) -> int:
-    from agentgym.algorithms.dpo import DPORunConfig, run_dpo
+    from agentgym.algorithms.offline.dpo import DPORunConfig, run_dpo
     from agentgym.config import load_config
     from agentgym.runs import prepare_output_dir
     cfg = load_config(DPORunConfig, args.config, args.overrides)
@@ -557,6 +559,7 @@ def cmd_retriever_prep(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from agentgym.policies.registry import backend_names
     parser = argparse.ArgumentParser(prog="agentgym", description="Gymnasium environments and RL learners for LLM agents.")
     parser.add_argument("--import", dest="imports", action="append", metavar="MODULE",
                         help="import a module that registers your own envs (repeatable; resolved from the "
@@ -604,8 +607,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-obs-tokens", type=int, default=S, help="an env observation is cut to this many tokens")
     p.add_argument("--max-context-tokens", type=int, default=S, help="an episode ends (truncated) beyond this")
     p.add_argument("--device", default=S, help="cpu, cuda, cuda:1 … (default: cuda when there is one)")
-    p.add_argument("--backend", choices=["hf", "vllm"], default=S,
-                   help="generation engine (default: vllm on a CUDA machine where it is installed, else hf)")
+    p.add_argument("--backend", default=S,  # checked by the registry once --import modules have registered theirs
+                   help=f"generation engine: {' | '.join(backend_names())} or one an --import module registers "
+                        "(default: the registry's choice for this machine)")
     p.add_argument("--debug-checks", action="store_true", default=S, help="assert token-faithfulness invariants")
     p.add_argument("--html", default=S, metavar="FILE", help="write the HTML trajectory report")
     p.add_argument("--json", default=S, metavar="FILE", help="write config, metrics (mean, std) and trajectories as JSON")

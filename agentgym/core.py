@@ -10,7 +10,6 @@ summary and ``ansi`` rendering.
 from __future__ import annotations
 
 import copy
-import functools
 import inspect
 from collections import Counter
 from dataclasses import dataclass, field
@@ -52,6 +51,22 @@ def _copy_messages(messages: Sequence[Message]) -> list[Message]:
     return [{k: v if isinstance(v, str) else copy.deepcopy(v) for k, v in m.items()} for m in messages]
 
 
+class _ConstructorSignature:
+    """``inspect.signature(EnvClass)``: the class's own ``__init__`` parameters, and ``group_reward``
+    where a ``**kwargs`` carries it to :meth:`AgentEnv.__init__` (introspection only: nothing is
+    wrapped, the constructor is the subclass's own)."""
+
+    def __get__(self, obj: Any, cls: type) -> inspect.Signature | None:
+        if obj is not None:
+            return None  # an instance: inspect falls back to its usual rules
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # drop self
+        names = {p.name for p in params}
+        at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+        if "group_reward" not in names and at is not None:
+            params.insert(at, inspect.Parameter("group_reward", inspect.Parameter.KEYWORD_ONLY, default=None))
+        return inspect.Signature(params)
+
+
 class AgentEnv(gym.Env[list, str]):
     """Base class for text environments (see ``docs/architecture.md``: Environment contract).
 
@@ -69,10 +84,10 @@ class AgentEnv(gym.Env[list, str]):
     Attributes a rollout engine reads: ``stop_strings`` (generation may stop after these),
     ``observation_style`` (``"chat"`` or ``"continuation"``), :meth:`tool_specs`, ``group_reward``
     (a :class:`~agentgym.rewards.GroupReward` the engine applies to each finished group with
-    :func:`~agentgym.rewards.apply_group_reward`; None = none). Every subclass accepts
-    ``group_reward=`` as a constructor keyword whatever its own signature (so
-    ``agentgym.make(id, group_reward=...)`` works for every env): the env itself never uses it —
-    a group term is computed from finished episodes, by the engine.
+    :func:`~agentgym.rewards.apply_group_reward`; None = none). ``group_reward=`` is a plain keyword
+    of :meth:`__init__`: a subclass either forwards ``**kwargs`` to ``super().__init__`` or names it
+    and passes it on (every built-in env does), so ``agentgym.make(id, group_reward=...)`` works.
+    The env itself never uses it — a group term is computed from finished episodes, by the engine.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -82,26 +97,7 @@ class AgentEnv(gym.Env[list, str]):
     num_tasks: int | None = None
     #: action types counted as tool calls in the episode summary
     tool_action_types: tuple[str, ...] = ("search", "tool_call", "code")
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Give the subclass's ``__init__`` a ``group_reward=`` keyword unless it declares one."""
-        super().__init_subclass__(**kwargs)
-        init = cls.__dict__.get("__init__")
-        if init is None or "group_reward" in inspect.signature(init).parameters:
-            return
-
-        @functools.wraps(init)
-        def __init__(self: AgentEnv, *args: Any, group_reward: Any = None, **kw: Any) -> None:
-            init(self, *args, **kw)
-            if group_reward is not None:
-                self.group_reward = group_reward
-
-        sig = inspect.signature(init)  # the signature says so too (introspection sees the keyword)
-        params = list(sig.parameters.values())
-        at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
-        params.insert(at, inspect.Parameter("group_reward", inspect.Parameter.KEYWORD_ONLY, default=None))
-        __init__.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-        cls.__init__ = __init__  # type: ignore[method-assign]
+    __signature__ = _ConstructorSignature()
 
     def __init__(self, *, reward: Reward | Mapping[str, float] | str | None = None, max_turns: int = 8,
                  max_action_chars: int = 16_384, render_mode: str | None = None, group_reward: Any = None):

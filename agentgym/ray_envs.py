@@ -10,6 +10,13 @@ A failed actor (killed, its node lost, the sandbox process crashed) never takes 
 step that hit the failure ends that episode as truncated with ``end_reason="env_actor_failed: …"`` in
 its summary, and the proxy starts a fresh actor for the next ``reset``.
 
+One sandbox per node: env actors do not start sandboxes (a Docker pool, bwrap runners) of their own.
+The first env actor on a node that runs code starts the node's :class:`SandboxService`, a named detached
+actor pinned to that node (``agentgym`` namespace), and every env actor of the node sends its ``run`` /
+``run_batch`` calls there (:class:`NodeSandbox`); the service's one warm pool serves them all, from many
+threads. The driver kills the services it started when its last :class:`RayEnv` closes
+(``node_sandbox=False`` keeps the old behaviour: a sandbox per actor process).
+
 Ray itself: :func:`ensure_ray` calls ``ray.init()`` for a local cluster unless one is running, or
 connects to ``address`` (an existing cluster started with Ray's own CLI: ``ray start --head`` on one
 machine, ``ray start --address=HEAD:6379`` on the others).
@@ -20,9 +27,95 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Mapping
 
-__all__ = ["RayEnv", "ensure_ray", "make_ray_envs"]
+__all__ = ["NodeSandbox", "RayEnv", "SandboxService", "close_node_sandboxes", "ensure_ray", "make_ray_envs"]
 
 ACTOR_FAILED = "env_actor_failed"
+SERVICE_NAMESPACE = "agentgym"
+_OPEN_ENVS: list[int] = [0]  # RayEnv proxies of this driver not yet closed
+
+
+class SandboxService:
+    """The body of a node's sandbox actor: one sandbox (one warm pool) for every env actor of the node."""
+
+    def __init__(self, spec: str, allow_unsafe: bool):
+        from agentgym.envs.sandbox.selection import resolve_sandbox
+        self.sandbox = resolve_sandbox(spec, allow_unsafe=allow_unsafe)
+
+    def info(self) -> dict[str, Any]:
+        pool = getattr(self.sandbox, "_pool", None)
+        return {"name": self.sandbox.name, "pid": os.getpid(), "runners_started": getattr(pool, "started", None)}
+
+    def run(self, code: str, kwargs: dict[str, Any]) -> Any:
+        return self.sandbox.run(code, **kwargs)
+
+    def run_batch(self, jobs: list[dict[str, Any]]) -> Any:
+        return self.sandbox.run_batch(jobs)
+
+
+def service_name(spec: str, node_id: str) -> str:
+    return f"sandbox-{spec}-{node_id}"
+
+
+def _node_service(spec: str, allow_unsafe: bool) -> Any:
+    """The handle of this node's sandbox service for ``spec``, started if it does not exist yet."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    node = ray.get_runtime_context().get_node_id()
+    return ray.remote(SandboxService).options(
+        name=service_name(spec, node), namespace=SERVICE_NAMESPACE, get_if_exists=True, lifetime="detached",
+        max_concurrency=64, num_cpus=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(spec, allow_unsafe)
+
+
+class NodeSandbox:
+    """What an env actor holds instead of a sandbox: forwards ``run``/``run_batch`` to its node's service.
+
+    A service that died (its node process crashed) is started again on the next call, once.
+    """
+
+    is_security_boundary = True
+
+    def __init__(self, spec: str, allow_unsafe: bool = False):
+        import ray
+        self.spec, self.allow_unsafe = spec, allow_unsafe
+        self._actor = _node_service(spec, allow_unsafe)
+        self.name = ray.get(self._actor.info.remote())["name"]
+
+    def _call(self, method: str, *args: Any) -> Any:
+        import ray
+        from ray.exceptions import RayActorError
+        try:
+            return ray.get(getattr(self._actor, method).remote(*args))
+        except RayActorError:
+            self._actor = _node_service(self.spec, self.allow_unsafe)
+            return ray.get(getattr(self._actor, method).remote(*args))
+
+    def run(self, code: str, **kwargs: Any) -> Any:
+        return self._call("run", code, kwargs)
+
+    def run_batch(self, jobs: list[dict[str, Any]]) -> Any:
+        return self._call("run_batch", [dict(j) for j in jobs])
+
+    def info(self) -> dict[str, Any]:
+        return self._call("info")
+
+    def close(self) -> None:
+        """Nothing to release here: the node's service outlives env actors (see close_node_sandboxes)."""
+
+
+def close_node_sandboxes() -> int:
+    """Kill every sandbox service (all nodes); returns how many. Called when the driver's last env closes."""
+    import ray
+    from ray.util import list_named_actors
+    n = 0
+    for entry in list_named_actors(all_namespaces=True):
+        if entry.get("namespace") == SERVICE_NAMESPACE and entry.get("name", "").startswith("sandbox-"):
+            try:
+                ray.kill(ray.get_actor(entry["name"], namespace=SERVICE_NAMESPACE))
+                n += 1
+            except ValueError:  # gone meanwhile
+                pass
+    return n
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -41,8 +134,11 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 class _EnvHost:
     """The actor's body: one env, built from a picklable factory."""
 
-    def __init__(self, factory: Callable[[], Any]):
+    def __init__(self, factory: Callable[[], Any], node_sandbox: bool = True):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        if node_sandbox:  # sandboxes resolve to the node's one service, not a pool per actor
+            from agentgym.envs.sandbox.selection import set_sandbox_provider
+            set_sandbox_provider(NodeSandbox)
         self.env = factory()
 
     def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None) -> Any:
@@ -69,9 +165,13 @@ class _EnvHost:
 class RayEnv:
     """A local stand-in for an env living in a Ray actor (restarted after a failure)."""
 
-    def __init__(self, factory: Callable[[], Any], *, resources: Mapping[str, Any] | None = None):
+    def __init__(self, factory: Callable[[], Any], *, resources: Mapping[str, Any] | None = None,
+                 node_sandbox: bool = True):
         import ray
         self._factory = factory
+        self._node_sandbox = node_sandbox
+        self._open = True
+        _OPEN_ENVS[0] += 1
         options = dict(resources or {"num_cpus": 0})
         self._cls = ray.remote(_EnvHost).options(**options)
         self._attrs: dict[str, Any] = {}
@@ -79,7 +179,7 @@ class RayEnv:
         self._start()
 
     def _start(self) -> None:
-        self.actor = self._cls.remote(self._factory)
+        self.actor = self._cls.remote(self._factory, self._node_sandbox)
 
     def _restart(self) -> None:
         import ray
@@ -139,12 +239,21 @@ class RayEnv:
             ray.kill(self.actor)
         except Exception:
             pass
+        if self._open:
+            self._open = False
+            _OPEN_ENVS[0] -= 1
+            if _OPEN_ENVS[0] == 0 and self._node_sandbox:
+                try:
+                    close_node_sandboxes()
+                except Exception:  # the cluster is already gone
+                    pass
 
 
 def make_ray_envs(env: Any, n: int, env_kwargs: Mapping[str, Any], *, address: str | None = None,
-                  resources: Mapping[str, Any] | None = None) -> list[RayEnv]:
+                  resources: Mapping[str, Any] | None = None, node_sandbox: bool = True) -> list[RayEnv]:
     """``n`` envs in actors. ``env``: a registered id (its Gymnasium ``EnvSpec`` travels to the actor, so
-    user envs registered in the driver work too) or a picklable factory."""
+    user envs registered in the driver work too) or a picklable factory. ``node_sandbox``: code runs in
+    the node's one sandbox service (see the module docstring)."""
     import functools
 
     ensure_ray(address)
@@ -156,7 +265,7 @@ def make_ray_envs(env: Any, n: int, env_kwargs: Mapping[str, Any], *, address: s
         from agentgym.registry import full_id
         spec = gym.spec(full_id(env))
         factory = functools.partial(_make_from_spec, spec, dict(env_kwargs))
-    return [RayEnv(factory, resources=resources) for _ in range(n)]
+    return [RayEnv(factory, resources=resources, node_sandbox=node_sandbox) for _ in range(n)]
 
 
 def _make_from_spec(spec: Any, kwargs: dict[str, Any]) -> Any:

@@ -32,7 +32,8 @@ import gymnasium as gym
 import numpy as np
 
 from agentgym.formatting import Formatter, make_formatter
-from agentgym.policy import Generation, SamplingParams
+from agentgym.policies.backend import as_backend, tokenizer_of
+from agentgym.policy import Generation, SamplingParams, cut_at_stop
 from agentgym.rewards import apply_group_reward
 from agentgym.threads import recheck as recheck_threads
 from agentgym.trajectory import Trajectory, TrajectoryBuilder, check_trajectory
@@ -296,7 +297,7 @@ class TokenTurns:
     def __init__(self, policy: Any, config: RolloutConfig, sampling: SamplingParams, formatter: Formatter,
                  tools: list[dict[str, Any]] | None):
         self.policy, self.config, self.sampling, self.formatter, self.tools = policy, config, sampling, formatter, tools
-        self.wants_context = bool(getattr(policy, "wants_context", False))
+        self.wants_context = as_backend(policy).needs_context
         self.live_progress = _accepts(policy.generate, "on_progress")
 
     def start(self, ep: _Episode, obs: list[dict[str, str]]) -> None:
@@ -377,6 +378,24 @@ class ChatTurns:
         pass  # no token data to check
 
 
+def _cut_after(gen: Generation, order: Sequence[str], tokenizer: Any) -> Generation:
+    """Issue 26: an env's ``cut_after`` strings, in priority order: the first one present anywhere in the
+    reply cuts it just after its first occurrence (tokens as sampled, up to the one completing it)."""
+    for s in order:
+        if s not in gen.text:
+            continue
+        if not gen.token_ids or tokenizer is None:   # a chat-level policy: text only
+            text = gen.text[:gen.text.index(s) + len(s)]
+            return gen if text == gen.text else Generation([], [], text, "stop", dict(gen.meta))
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        end, _ = cut_at_stop(gen.token_ids, decode, [s])
+        if end == len(gen.token_ids):
+            return gen
+        ids = list(gen.token_ids[:end])
+        return Generation(ids, list(gen.logprobs[:end]), decode(ids), "stop", dict(gen.meta))
+    return gen
+
+
 def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
     """Run an env call (in a worker thread) and return its result with its duration."""
     t0 = time.perf_counter()
@@ -433,6 +452,8 @@ class _Run:
             def live(done: int, tokens: int, n: int = len(eps)) -> None:
                 self._progress(self.finished, len(self.episodes), self.tokens + tokens, (done, n))
         gens = self.turns.generate(eps, live)
+        if getattr(self.turns, "cut_after", ()):
+            gens = [_cut_after(g, self.turns.cut_after, tokenizer_of(self.turns.policy)) for g in gens]
         self.last_generate_s = time.perf_counter() - t0
         self.timing["generate_s"] += self.last_generate_s
         if len(gens) != len(eps):
@@ -506,9 +527,11 @@ class RolloutEngine:
     def __init__(self, policy: Any, config: RolloutConfig | None = None):
         self.policy = policy
         self.config = config or RolloutConfig()
-        self.tokenizer = getattr(policy, "tokenizer", None)
-        self.token_level = hasattr(policy, "generate") and self.tokenizer is not None
-        if not self.token_level and not hasattr(policy, "respond"):
+        #: the policy seen through the typed backend interface (a protocol-only object is wrapped)
+        self.backend = as_backend(policy)
+        self.tokenizer = tokenizer_of(self.backend)
+        self.token_level = self.backend.token_level and self.tokenizer is not None
+        if not self.token_level and not self.backend.answers_chat:
             raise TypeError("the policy needs generate(prompts, sampling) with a tokenizer, or respond(conversations, sampling)")
         self._envs: dict[Any, list[gym.Env]] = {}
         self._pool = cf.ThreadPoolExecutor(max_workers=max(1, self.config.env_workers), thread_name_prefix="agentgym-env")
@@ -547,9 +570,11 @@ class RolloutEngine:
         stop = tuple(dict.fromkeys(tuple(self.config.sampling.stop) + tuple(env_attr(env, "stop_strings", ()) or ())))
         sampling = self.config.sampling.replace(stop=stop)
         tools = _env_tools(env)
-        if self.token_level:
-            return TokenTurns(self.policy, self.config, sampling, self.formatter_for(env), tools)
-        return ChatTurns(self.policy, sampling, tools)
+        turns = (TokenTurns(self.policy, self.config, sampling, self.formatter_for(env), tools) if self.token_level
+                 else ChatTurns(self.policy, sampling, tools))
+        # an env's ordered cut rule (SearchQA under Search-R1: first </search> anywhere, else first </answer>)
+        turns.cut_after = tuple(env_attr(env, "cut_after", ()) or ())
+        return turns
 
     # ------------------------------------------------------------------ collection
     def collect(self, env: str | Callable[[], gym.Env], *, num_groups: int = 1, group_size: int = 1,
@@ -584,9 +609,8 @@ class RolloutEngine:
         if n:
             schedule = self._run_async if self.config.mode == "async" else self._run_lockstep
             schedule(run, envs)
-        release = getattr(self.policy, "clear_kv_cache", None)
-        if callable(release):   # every episode has ended: per-sequence caches (hf KV reuse) are dead weight
-            release()
+        # every episode has ended: per-sequence caches (hf KV reuse) are dead weight
+        self.backend.clear_kv_cache()
 
         trajs = [ep.traj for ep in episodes]
         group_reward = env_attr(envs[0], "group_reward")

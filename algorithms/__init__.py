@@ -1,27 +1,32 @@
-"""Advantage estimators, losses and learners (installed as ``agentgym.algorithms``).
+"""Advantage estimators, objectives, losses and learners (installed as ``agentgym.algorithms``).
 
-A learner = a registered advantage estimator + a registered policy objective (+ a critic when the
-estimator needs values); :func:`register_advantage`, :func:`register_objective` and
-:func:`register_learner` let a user module (``agentgym --import mymod train algo=...``) add its own.
+A learner = a registered advantage estimator (:mod:`.advantages`) + a registered policy objective
+(:mod:`.objectives`) (+ a critic, :mod:`.critic`, when the estimator needs values), trained by one
+update loop (:mod:`.learner`); :func:`register_advantage`, :func:`register_objective` and
+:func:`register_learner` let a user module (``agentgym --import mymod train algo=...``) add its own
+(docs/extending.md). SFT, DPO and the TRL adapter are in :mod:`.offline`.
 """
 
-from agentgym.algorithms.advantages import (BatchMeanBaseline, MovingAverageBaseline, NoBaseline, broadcast_to_tokens,
-                                            discounted_returns, episode_returns, gae, group_normalize, leave_one_out,
-                                            make_baseline, observation_history_keys, rebn, turn_gae,
-                                            turn_group_normalize, turn_rewards)
+from agentgym.algorithms.advantages import (ADVANTAGES, AdvantageEstimator, AdvantageInputs, BaselineSettings,
+                                            GAESettings, GroupSettings, ReturnSettings, register_advantage)
 from agentgym.algorithms.batch import Batch, collate
-from agentgym.algorithms.learners import (ADVANTAGES, LEARNERS, OBJECTIVES, AdvantageEstimator, AdvantageInputs,
-                                          CISPOConfig, ClipSettings, CriticSettings, DualClipPPOConfig, GAESettings,
-                                          GroupSettings, GRPOConfig, GRPOLearner, GSPOConfig, Learner, LearnerConfig,
-                                          LoraSettings, OptimConfig, PolicyObjective, PPOConfig, PPOLearner,
-                                          ReinforceConfig, ReinforceLearner, ReturnSettings, RLOOConfig,
-                                          BaselineSettings, ValueModel, compose_config, lr_factor, make_learner,
-                                          register_advantage, register_learner, register_objective, resolve_config)
+from agentgym.algorithms.catalog import (LEARNERS, CISPOConfig, DualClipPPOConfig, GRPOConfig, GRPOLearner, GSPOConfig,
+                                         PPOConfig, PPOLearner, ReinforceConfig, ReinforceLearner, RLOOConfig,
+                                         learner_needs_groups, make_learner, register_learner)
+from agentgym.algorithms.config import LearnerConfig, UpdateConfig, compose_config, resolve_config
+from agentgym.algorithms.critic import CriticSettings, ValueModel
+from agentgym.algorithms.learner import Learner
 from agentgym.algorithms.losses import (LossSettings, aggregate, cispo_surrogate, clipped_surrogate, clipped_value_loss,
                                         dual_clip_surrogate, gspo_surrogate, kl_penalty, ppo_objective,
                                         reinforce_surrogate, token_logprobs)
+from agentgym.algorithms.objectives import OBJECTIVES, ClipSettings, PolicyObjective, register_objective
+from agentgym.algorithms.optim import LoraSettings, OptimConfig, lr_factor
+from agentgym.algorithms.returns import (BatchMeanBaseline, MovingAverageBaseline, NoBaseline, broadcast_to_tokens,
+                                         discounted_returns, episode_returns, gae, group_normalize, leave_one_out,
+                                         make_baseline, observation_history_keys, rebn, turn_gae, turn_group_normalize,
+                                         turn_rewards)
 # TRL's GRPOTrainer on agentgym envs; trl itself is imported only when these are used
-from agentgym.algorithms.trl_adapter import EnvRollout, episode_reward, make_task_dataset, train_with_trl
+from agentgym.algorithms.offline.trl_adapter import EnvRollout, episode_reward, make_task_dataset, train_with_trl
 
 __all__ = [
     "discounted_returns", "broadcast_to_tokens", "NoBaseline", "BatchMeanBaseline", "MovingAverageBaseline",
@@ -30,11 +35,11 @@ __all__ = [
     "LossSettings", "token_logprobs", "clipped_surrogate", "dual_clip_surrogate", "gspo_surrogate",
     "cispo_surrogate", "reinforce_surrogate", "aggregate", "kl_penalty", "clipped_value_loss", "ppo_objective",
     "Batch", "collate",
-    "LearnerConfig", "OptimConfig", "LoraSettings", "ReturnSettings", "BaselineSettings", "GroupSettings",
-    "GAESettings", "CriticSettings", "ClipSettings", "ReinforceConfig", "GRPOConfig", "RLOOConfig", "GSPOConfig",
-    "CISPOConfig", "PPOConfig", "DualClipPPOConfig", "compose_config", "resolve_config",
+    "LearnerConfig", "UpdateConfig", "OptimConfig", "LoraSettings", "ReturnSettings", "BaselineSettings",
+    "GroupSettings", "GAESettings", "CriticSettings", "ClipSettings", "ReinforceConfig", "GRPOConfig", "RLOOConfig",
+    "GSPOConfig", "CISPOConfig", "PPOConfig", "DualClipPPOConfig", "compose_config", "resolve_config",
     "AdvantageInputs", "AdvantageEstimator", "PolicyObjective", "Learner", "ReinforceLearner", "PPOLearner",
     "GRPOLearner", "ValueModel", "ADVANTAGES", "OBJECTIVES", "LEARNERS", "register_advantage", "register_objective",
-    "register_learner", "make_learner", "lr_factor",
+    "register_learner", "make_learner", "learner_needs_groups", "lr_factor",
     "EnvRollout", "episode_reward", "make_task_dataset", "train_with_trl",
 ]

@@ -1,347 +1,320 @@
-"""Advantage estimators: pure functions on lists and tensors (plus one tiny stateful baseline).
+"""Advantage estimators: per-token rewards → per-token advantages and returns, one registered
+function each, all with one signature (the pattern of veRL's ``core_algos``, not its code)::
 
-Vocabulary. A trajectory has *turns*: each policy turn is a span of sampled tokens, and each env
-step gives one reward, which belongs to the turn's last policy token (``Trajectory.token_rewards``).
-A *transition* is one (turn, step reward) pair. Estimators work either per transition (returns,
-baselines, ReBN, group normalisation), after which :func:`broadcast_to_tokens` spreads the value
-over the turn's tokens, or per token (GAE), on the sequence of policy-token positions.
+    @register_advantage("name", credits=(...), settings=(...), defaults={...})
+    def my_estimator(inputs: AdvantageInputs, config) -> advantages | (advantages, returns)
 
-Conventions worth knowing:
+``inputs`` holds the batch's trajectories and ``(B, T)`` token tensors with per-turn views
+(:class:`AdvantageInputs`); ``config`` is the learner's typed config, which carries the settings the
+estimator declares (small dataclasses below, with the estimator's own ``defaults``). The math lives
+in :mod:`.returns`; this module only says how each estimator combines it.
 
-* ReBN and the batch baselines use the *population* std (GEM's ReBN computes
-  ``sqrt(E[G²] - E[G]²)``); group normalisation uses the *sample* std, like TRL's GRPO.
-* An episode that ends by truncation is treated as terminal (V after the last token = 0), as
-  LLM RL frameworks (verl, TRL, Search-R1) do: the turn limit is part of the task.
-
-Per-turn credit (``LearnerConfig.credit``). How step-wise rewards reach each turn's tokens:
-
-* ``episode`` — every turn gets the episode's return (:func:`episode_returns`; discounted from the
-  first turn when ``γ < 1``); the baseline is computed over episodes, one value per trajectory (so a
-  long trajectory does not weigh more in it).
-* ``turn`` — turn ``k`` gets its return-to-go ``G_k = Σ_{j≥k} γ^{j-k} r_j``
-  (:func:`discounted_returns`): a turn is credited only with what follows it. Group learners then
-  compare ``G_k`` with *turn-level baselines* (:func:`turn_group_normalize`): turns of the same group
-  whose observation history is identical share a baseline (GiGPO's grouping of equal env states,
-  Feng et al., 2025, arXiv:2505.10978); a turn whose history no other group member shares is
-  compared with the group's turns at the same turn index.
-* ``gigpo`` — GiGPO's sum: the episode-level group advantage plus ``ω`` × the state-grouped turn
-  advantage (turns without a peer add 0).
-* turn-level GAE with a critic (:func:`turn_gae`): one TD step per turn, ``V`` read at each turn's
-  first token; ``token`` keeps PPO's token-level :func:`gae`.
-
-Why not normalise each turn index's *rewards* and sum them. verl issue #7244 ("Per-turn reward
-support for multi-turn RL: a turn-level baseline that stays unbiased under variable turn counts")
-shows that the natural construction — normalise turn ``k``'s reward against the group's turn-``k``
-rewards and give turn ``t`` the sum of normalised rewards from ``t`` to the trajectory's *own* last
-turn — subtracts a baseline with one term per remaining turn of the trajectory itself. That
-baseline depends on the trajectory's own stopping decision, so the gradient is biased: every "take
-another turn" pays the group's mean reward of the extra turn. Here each turn has exactly one baseline,
-computed from its return-to-go and other trajectories' data; which pool it comes from depends only
-on what happened before the turn. ``tests/test_credit.py`` builds #7244's case and checks both by
-exact expectation.
+=========  ==========================  ===================================================
+name       credits (first = default)   what it is
+=========  ==========================  ===================================================
+returns    turn, episode               REINFORCE: return minus a batch baseline, or ReBN
+group      episode, turn, gigpo        GRPO: returns normalised within the task's group
+rloo       episode, turn, gigpo        RLOO: leave-one-out group baseline
+gae        token, turn                 PPO: GAE with a critic, whitened over the batch
+=========  ==========================  ===================================================
 """
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 
-__all__ = [
-    "discounted_returns", "broadcast_to_tokens", "NoBaseline", "BatchMeanBaseline", "MovingAverageBaseline",
-    "make_baseline", "rebn", "gae", "group_normalize", "leave_one_out", "CREDITS", "episode_returns",
-    "turn_rewards", "observation_history_keys", "turn_group_normalize", "turn_gae",
-]
+from agentgym.trajectory import Trajectory
 
-#: Every credit-assignment choice an estimator may support (see the module docstring).
-CREDITS = ("episode", "turn", "gigpo", "token")
+from agentgym.algorithms.batch import pad_token_lists
+from agentgym.algorithms.losses import masked_whiten
+from agentgym.algorithms.registry import Registry
+from agentgym.algorithms.returns import (broadcast_to_tokens, discounted_returns, episode_returns, gae,
+                                         group_normalize, leave_one_out, make_baseline, observation_history_keys,
+                                         rebn, turn_gae, turn_group_normalize, turn_rewards)
 
+__all__ = ["ReturnSettings", "BaselineSettings", "GroupSettings", "GAESettings", "AdvantageInputs",
+           "AdvantageEstimator", "ADVANTAGES", "register_advantage", "BASELINES"]
 
-# --------------------------------------------------------------------------- returns
-
-def discounted_returns(rewards: Sequence[float], gamma: float = 1.0) -> list[float]:
-    """Returns-to-go per step: ``G_t = r_t + gamma * G_{t+1}``, ``G_T = 0``."""
-    out = [0.0] * len(rewards)
-    running = 0.0
-    for t in range(len(rewards) - 1, -1, -1):
-        running = float(rewards[t]) + gamma * running
-        out[t] = running
-    return out
+BASELINES = ("none", "mean", "ema", "rebn")
 
 
-def broadcast_to_tokens(turn_spans: Sequence[tuple[int, int]], values: Sequence[float], length: int, *,
-                        fill_env: bool = False) -> list[float]:
-    """Per-token list of ``length``: each turn's value on that turn's policy tokens, 0 elsewhere.
+# --------------------------------------------------------------------------- the estimators' settings
 
-    ``fill_env=True`` (the ``mask_env_tokens=False`` ablation) also gives the environment tokens
-    after turn ``k`` (up to the next turn, or the end) turn ``k``'s value: they "follow" it.
-    Turns without a value (an episode cut before its step reward) get 0.
-    """
-    out = [0.0] * length
-    for k, (start, end) in enumerate(turn_spans):
-        v = float(values[k]) if k < len(values) else 0.0
-        stop = (turn_spans[k + 1][0] if k + 1 < len(turn_spans) else length) if fill_env else end
-        out[start:stop] = [v] * (stop - start)
-    return out
-
-
-# --------------------------------------------------------------------------- baselines
-
-class NoBaseline:
-    """``b = 0``: plain REINFORCE."""
-    name = "none"
-
-    def __call__(self, returns: Sequence[float]) -> float:
-        return 0.0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-
-class BatchMeanBaseline(NoBaseline):
-    """``b = mean of the batch's transition returns``."""
-    name = "mean"
-
-    def __call__(self, returns: Sequence[float]) -> float:
-        return float(sum(returns) / len(returns)) if len(returns) else 0.0
+@dataclass
+class ReturnSettings:
+    """Every advantage estimator: ``credit`` — how step rewards reach each turn's tokens (``episode``,
+    ``turn``, ``gigpo`` or ``token``; see :mod:`.returns`), ``gamma`` (the per-turn discount; GAE's
+    per-token one for ``token``), ``adv_eps`` (added to a std before dividing)."""
+    credit: str = "episode"
+    gamma: float = 1.0
+    adv_eps: float = 1e-6
 
 
 @dataclass
-class MovingAverageBaseline:
-    """Exponential moving average of batch-mean returns: ``b ← momentum·b + (1 - momentum)·mean``.
+class BaselineSettings:
+    """REINFORCE's batch baseline: ``none``, ``mean``, ``ema`` (``baseline_momentum``) or ``rebn``."""
+    baseline: str = "rebn"
+    baseline_momentum: float = 0.9
 
-    Calling it returns the baseline for this batch — the average of *earlier* batches, so a batch's
-    own returns do not enter its baseline; the first batch (nothing seen yet) uses its own mean —
-    then folds this batch's mean in. A batch with a non-finite mean leaves the average alone.
+
+@dataclass
+class GroupSettings:
+    """Group estimators: ``group_scale`` (False = Dr.GRPO, no std division); ``turn_adv_weight``: GiGPO's
+    ω, the weight of the turn-level term under ``credit="gigpo"``."""
+    group_scale: bool = True
+    turn_adv_weight: float = 1.0
+
+
+@dataclass
+class GAESettings:
+    """GAE: ``lam``; ``whiten_advantages`` over the batch (PPO)."""
+    lam: float = 1.0
+    whiten_advantages: bool = True
+
+
+# --------------------------------------------------------------------------- what an estimator sees
+
+@dataclass
+class AdvantageInputs:
+    """What an advantage estimator sees: the batch's trajectories and its ``(B, T)`` token tensors.
+
+    ``rewards``: each step reward on its turn's last policy token, minus ``kl_coef · KL`` per token when
+    the KL is in the reward; ``mask``: the training mask; ``values``: the critic's values at collection
+    (``values[:, t]`` = the value of the state in which token ``t`` is chosen; None without a critic);
+    ``fill_env``: the ``mask_env_tokens=False`` ablation (environment tokens take the value of the
+    turn they follow). ``credit``: the credit choice in force (the config's, checked against the
+    estimator's ``credits``); ``state``: the estimator's state across updates (REINFORCE's moving
+    baseline), None when it has none. Helpers give per-turn views and map per-turn numbers back to tokens.
     """
-    momentum: float = 0.9
-    value: float | None = None
-    name: str = "ema"
+    trajectories: Sequence[Trajectory]
+    rewards: torch.Tensor
+    mask: torch.Tensor
+    values: torch.Tensor | None = None
+    fill_env: bool = False
+    credit: str | None = None
+    state: Any = None
 
-    def __call__(self, returns: Sequence[float]) -> float:
-        mean = float(sum(returns) / len(returns)) if len(returns) else 0.0
-        if not math.isfinite(mean):  # a broken batch (its update will be skipped) must not poison the average
-            return mean
-        baseline = mean if self.value is None else self.value
-        self.value = mean if self.value is None else self.momentum * self.value + (1 - self.momentum) * mean
-        return baseline
+    @property
+    def group_ids(self) -> list[Any]:
+        return [t.group_id for t in self.trajectories]
+
+    def turn_rewards(self) -> list[list[float]]:
+        """Per trajectory, each turn's reward (:func:`~agentgym.algorithms.returns.turn_rewards`)."""
+        rows = self.rewards.detach().cpu().tolist()
+        return [turn_rewards(row[:len(t.token_ids)], t.turn_spans) for t, row in zip(self.trajectories, rows)]
+
+    def turn_values(self) -> list[list[float]]:
+        """Per trajectory, the critic's value at each turn's first token."""
+        if self.values is None:
+            raise ValueError("this estimator needs a critic's values")
+        rows = self.values.detach().cpu().tolist()
+        return [[row[s] for s, _ in t.turn_spans] for t, row in zip(self.trajectories, rows)]
+
+    def state_keys(self) -> list[list[tuple[int, ...]]]:
+        """Per trajectory, each turn's observation history (what two turns must share to share a baseline)."""
+        return [observation_history_keys(t.token_ids, t.loss_mask, t.turn_spans) for t in self.trajectories]
+
+    def to_tokens(self, per_turn: Sequence[Sequence[float]]) -> torch.Tensor:
+        """``(B, T)``: each turn's number on its policy tokens (and, with ``fill_env``, on the environment
+        tokens after it; those between the prompt and the first turn take the first turn's)."""
+        rows = []
+        for t, values in zip(self.trajectories, per_turn):
+            row = broadcast_to_tokens(t.turn_spans, values, len(t.token_ids), fill_env=self.fill_env)
+            if self.fill_env and t.turn_spans and len(values):
+                first = t.turn_spans[0][0]
+                row[t.prompt_length:first] = [float(values[0])] * (first - t.prompt_length)
+            rows.append(row)
+        return pad_token_lists(rows, self.rewards.shape[1]).to(self.rewards.device)
+
+
+# --------------------------------------------------------------------------- the registry
+
+class AdvantageEstimator:
+    """A registered estimator, as the learner holds it: ``estimator(inputs) -> (advantages, returns)``,
+    ``(B, T)``; the learner multiplies both by the training mask.
+
+    :func:`register_advantage` builds one from a function; a subclass may instead override
+    ``__call__``. Class attributes: ``credits`` (the ``credit`` choices supported, the first the
+    default; None: ``credit`` is not read), ``settings`` and ``defaults`` (the config dataclasses it
+    reads, its values for them), ``critic`` (it needs value estimates: the learner then owns a
+    critic), ``needs_groups`` (it compares trajectories of a group), ``make_state`` (``config ->``
+    the state kept across updates, with ``state_dict`` / ``load_state_dict``; None: stateless).
+    """
+    name: ClassVar[str] = ""
+    settings: ClassVar[tuple[type, ...]] = (ReturnSettings,)
+    defaults: ClassVar[dict[str, Any]] = {}
+    credits: ClassVar[tuple[str, ...] | None] = ("episode",)
+    critic: ClassVar[bool] = False
+    needs_groups: ClassVar[bool] = False
+    make_state: ClassVar[Callable[[Any], Any] | None] = None
+
+    def __init__(self, config: Any):
+        self.config = config
+        credit = getattr(config, "credit", None)
+        if self.credits is not None:
+            credit = credit or self.credits[0]
+            if credit not in self.credits:
+                raise ValueError(f"credit={credit!r} is not supported by the {self.name!r} advantage estimator; "
+                                 f"choose one of {', '.join(self.credits)}")
+        self.credit = credit
+        make_state = type(self).make_state
+        self.state = make_state(config) if make_state is not None else None
+
+    def __call__(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
-        return {"momentum": self.momentum, "value": self.value}
+        return self.state.state_dict() if self.state is not None else {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.momentum, self.value = float(state["momentum"]), state["value"]
-
-
-def make_baseline(name: str, momentum: float = 0.9) -> NoBaseline | MovingAverageBaseline:
-    """``none`` | ``mean`` | ``ema`` (ReBN is not a baseline but a normalisation: see :func:`rebn`)."""
-    if name == "none":
-        return NoBaseline()
-    if name == "mean":
-        return BatchMeanBaseline()
-    if name == "ema":
-        return MovingAverageBaseline(momentum)
-    raise ValueError(f"unknown baseline {name!r}; choose none, mean, ema (or rebn for the learner)")
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if self.state is not None:
+            self.state.load_state_dict(dict(state))
 
 
-def rebn(returns: Sequence[float], eps: float = 1e-6) -> list[float]:
-    """Return batch normalisation (GEM): ``(G - mean) / (std + eps)`` over all transitions of the batch."""
-    if not len(returns):
-        return []
-    g = torch.tensor([float(x) for x in returns], dtype=torch.float64)
-    std = g.std(unbiased=False)
-    centred = g - g.mean()
-    return (centred / (std + eps) if std > 0 else centred).tolist()
+#: name -> advantage estimator class (:func:`register_advantage`)
+ADVANTAGES: Registry = Registry("advantage estimator")
 
 
-# --------------------------------------------------------------------------- GAE
+def register_advantage(name: str, estimator: type[AdvantageEstimator] | Callable | None = None, *,
+                       credits: tuple[str, ...] | None = None, critic: bool = False, needs_groups: bool = False,
+                       settings: tuple[type, ...] = (ReturnSettings,), defaults: Mapping[str, Any] | None = None,
+                       state: Callable[[Any], Any] | None = None, replace: bool = False) -> Any:
+    """Register an advantage estimator under ``name`` (also usable as a decorator).
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
-        lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation over the positions where ``mask`` is 1.
-
-    ``rewards``, ``values``, ``mask``: ``(T,)`` or ``(B, T)``. The recursion runs on the sequence of
-    masked positions only — environment tokens (mask 0) are skipped, so the "next state" of a
-    turn's last token is the first token of the next policy turn. For consecutive kept positions
-    ``t < t'``::
-
-        delta_t = r_t + gamma * V_{t'} - V_t          (V after the last kept position = 0)
-        A_t     = delta_t + gamma * lam * A_{t'}
-
-    Returns ``(advantages, returns = advantages + values)``, both 0 where ``mask`` is 0. Rewards at
-    masked positions are ignored (``Trajectory.token_rewards`` puts none there). Search-R1 uses
-    ``gamma = lam = 1``, where ``A_t = (sum of later rewards) - V_t``.
+    ``estimator``: a function ``fn(inputs, config)`` returning advantages (or ``(advantages,
+    returns)``) as ``(B, T)`` tensors — see :class:`AdvantageInputs` for per-turn helpers — or an
+    :class:`AdvantageEstimator` subclass. For a function the keywords describe it: the ``credit``
+    choices it honours (None: it does not read ``credit``), whether it needs a critic's values
+    (``inputs.values``) or groups, the settings dataclasses it reads with their defaults, and
+    ``state``: ``config ->`` an object kept across updates and checkpoints (``inputs.state``).
     """
-    squeeze = rewards.dim() == 1
-    if squeeze:
-        rewards, values, mask = rewards[None], values[None], mask[None]
-    device = rewards.device
-    # a sequential loop of tiny ops: cheaper on the CPU than as thousands of GPU kernel launches
-    rewards, values = rewards.detach().double().cpu(), values.detach().double().cpu()
-    keep = mask.detach().cpu().bool()
-    adv = torch.zeros_like(rewards)
-    next_value = torch.zeros(rewards.shape[0], dtype=torch.float64)
-    next_adv = torch.zeros_like(next_value)
-    for t in range(rewards.shape[1] - 1, -1, -1):
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        a = delta + gamma * lam * next_adv
-        k = keep[:, t]
-        adv[:, t] = torch.where(k, a, torch.zeros_like(a))
-        next_value = torch.where(k, values[:, t], next_value)
-        next_adv = torch.where(k, a, next_adv)
-    ret = torch.where(keep, adv + values, torch.zeros_like(adv))
-    adv, ret = adv.float().to(device), ret.float().to(device)
-    return (adv[0], ret[0]) if squeeze else (adv, ret)
+    def wrap(fn: Callable) -> type:
+        def call(self: AdvantageEstimator, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+            out = fn(dataclasses.replace(inputs, credit=self.credit, state=self.state), self.config)
+            return out if isinstance(out, tuple) else (out, torch.zeros_like(out))
+        return type(f"{fn.__name__}_advantage", (AdvantageEstimator,), {
+            "__call__": call, "__doc__": fn.__doc__, "credits": credits, "critic": critic,
+            "needs_groups": needs_groups, "settings": tuple(settings), "defaults": dict(defaults or {}),
+            "make_state": staticmethod(state) if state is not None else None, "__module__": fn.__module__})
+    return ADVANTAGES.decorator(name, estimator, AdvantageEstimator, wrap, replace)
 
 
-# --------------------------------------------------------------------------- groups (GRPO)
+# --------------------------------------------------------------------------- the built-in estimators
 
-def _group_key(i: int, group_id: Hashable | None) -> tuple:
-    """Trajectory ``i``'s group: its ``group_id``, or a group of its own when that is None."""
-    return ("solo", i) if group_id is None else ("group", group_id)
-
-
-def _groups(group_ids: Sequence[Hashable | None]) -> dict[tuple, list[int]]:
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for i, g in enumerate(group_ids):
-        groups[_group_key(i, g)].append(i)
-    return groups
+def _check_groups(groups: Sequence[Any], name: str) -> None:
+    counts: dict[Any, int] = {}
+    for g in groups:
+        if g is not None:
+            counts[g] = counts.get(g, 0) + 1
+    if not any(c > 1 for c in counts.values()):
+        raise ValueError(f"{name} needs groups of trajectories on the same task: collect with group_size > 1")
 
 
-def group_normalize(rewards: Sequence[float], group_ids: Sequence[Hashable | None], *, scale: bool = True,
-                    eps: float = 1e-6) -> list[float]:
-    """GRPO advantages: ``(r - mean_group) / (std_group + eps)``; ``scale=False`` is Dr.GRPO's ``r - mean_group``.
+def _moving_baseline(config: Any) -> Any:
+    """REINFORCE's baseline object (None for ReBN, a normalisation rather than a baseline)."""
+    return None if config.baseline == "rebn" else make_baseline(config.baseline, config.baseline_momentum)
 
-    The std is the sample std (as TRL). A ``None`` group id is a group of its own, whose advantage
-    is 0 (nothing to compare with); so is every member of a group with a single member.
+
+@register_advantage("returns", credits=("turn", "episode"), settings=(ReturnSettings, BaselineSettings),
+                    defaults={"credit": "turn"}, state=_moving_baseline)
+def returns_advantage(inputs: AdvantageInputs, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE's: each turn's target (``turn``: its discounted return-to-go; ``episode``: the
+    episode's return) minus a batch baseline (none, batch mean, moving average) or normalised over
+    the batch (ReBN, GEM's default). With ``turn`` credit the baseline pools every transition of the
+    batch, as GEM; with ``episode`` credit one value per trajectory (a long episode does not weigh more)."""
+    rewards = inputs.turn_rewards()
+    if inputs.credit == "turn":
+        targets = [discounted_returns(r, config.gamma) for r in rewards]
+        pool = [g for r in targets for g in r]
+    else:
+        targets = [episode_returns(r, config.gamma) for r in rewards]
+        pool = [r[0] if r else 0.0 for r in targets]
+    if inputs.state is None:
+        adv_pool = rebn(pool, config.adv_eps)
+    else:
+        b = inputs.state(pool)
+        adv_pool = [g - b for g in pool]
+    if inputs.credit == "turn":
+        adv, i = [], 0
+        for r in targets:
+            adv.append(adv_pool[i:i + len(r)])
+            i += len(r)
+    else:
+        adv = [[a] * len(r) for a, r in zip(adv_pool, targets)]
+    return inputs.to_tokens(adv), inputs.to_tokens(targets)
+
+
+def _group_advantage(inputs: AdvantageInputs, config: Any, loo: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO's and RLOO's: returns compared within the group of trajectories on the same task.
+
+    * ``episode``: each trajectory's return against its group (GRPO: ``(G - mean) / (std + eps)``,
+      Dr.GRPO without the std: ``group_scale=False``; RLOO: minus the mean of the *other* members),
+      on all its turns.
+    * ``turn``: each turn's return-to-go against turn-level baselines — the group's turns with the
+      same observation history, else the group's turns at the same index
+      (:func:`~agentgym.algorithms.returns.turn_group_normalize`).
+    * ``gigpo``: GiGPO (Feng et al., 2025, arXiv:2505.10978): the episode advantage plus
+      ``turn_adv_weight`` × the turn advantage within groups of equal observation history (0 for a turn
+      without a peer).
     """
-    groups = _groups(group_ids)
-    out = [0.0] * len(rewards)
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        r = torch.tensor([float(rewards[i]) for i in members], dtype=torch.float64)
-        a = r - r.mean()
-        std = r.std(unbiased=True)
-        if scale and std > 0:  # equal rewards: advantage 0 (not 0/0)
-            a = a / (std + eps)
-        for i, v in zip(members, a.tolist()):
-            out[i] = v
-    return out
+    groups = inputs.group_ids
+    _check_groups(groups, f"the {'rloo' if loo else 'group'!r} advantage estimator (GRPO, RLOO, …)")
+    rewards = inputs.turn_rewards()
+    rtg = [discounted_returns(r, config.gamma) for r in rewards]
+
+    def turns(index_fallback: bool) -> list[list[float]]:
+        return turn_group_normalize(rtg, groups, inputs.state_keys(), scale=config.group_scale, eps=config.adv_eps,
+                                    leave_one_out_baseline=loo, index_fallback=index_fallback)
+    if inputs.credit == "turn":
+        return inputs.to_tokens(turns(index_fallback=True)), inputs.to_tokens(rtg)
+    episode = [episode_returns(r, config.gamma) for r in rewards]
+    firsts = [e[0] if e else 0.0 for e in episode]
+    adv_episode = (leave_one_out(firsts, groups) if loo else
+                   group_normalize(firsts, groups, scale=config.group_scale, eps=config.adv_eps))
+    adv = [[a] * len(e) for a, e in zip(adv_episode, episode)]
+    if inputs.credit == "episode":
+        return inputs.to_tokens(adv), inputs.to_tokens(episode)
+    w = config.turn_adv_weight   # gigpo
+    adv = [[a + w * b for a, b in zip(ea, ta)] for ea, ta in zip(adv, turns(index_fallback=False))]
+    return inputs.to_tokens(adv), inputs.to_tokens(rtg)
 
 
-def leave_one_out(rewards: Sequence[float], group_ids: Sequence[Hashable | None]) -> list[float]:
-    """RLOO advantages: ``r_i - mean_{j≠i} r_j`` within each group (Kool et al., 2019, "Buy 4 REINFORCE
-    samples, get a baseline for free!"; Ahmadian et al., 2024, arXiv:2402.14740).
+@register_advantage("group", credits=("episode", "turn", "gigpo"), settings=(ReturnSettings, GroupSettings),
+                    needs_groups=True)
+def group_advantage(inputs: AdvantageInputs, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO's: each return normalised within its group (``group_id``: same task); see :func:`_group_advantage`."""
+    return _group_advantage(inputs, config, loo=False)
 
-    The baseline leaves the sample itself out, so it is independent of the sample's own action and the
-    gradient estimate is unbiased — unlike the in-group mean, which shrinks it by ``(n - 1) / n``.
-    Equal to ``n / (n - 1) · (r_i - mean_group)``. Singletons (and ``None`` groups) get 0.
+
+@register_advantage("rloo", credits=("episode", "turn", "gigpo"), settings=(ReturnSettings, GroupSettings),
+                    needs_groups=True)
+def leave_one_out_advantage(inputs: AdvantageInputs, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO's: each return compared with the mean of the *other* members of its pool (Kool et al., 2019;
+    Ahmadian et al., 2024, arXiv:2402.14740) — an unbiased baseline, no std scaling (``group_scale`` is
+    not read)."""
+    return _group_advantage(inputs, config, loo=True)
+
+
+@register_advantage("gae", credits=("token", "turn"), settings=(ReturnSettings, GAESettings),
+                    defaults={"credit": "token"}, critic=True)
+def gae_advantage(inputs: AdvantageInputs, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's: generalised advantage estimation with a critic; advantages whitened over the batch
+    (``whiten_advantages``).
+
+    * ``token`` (default): over the sequence of policy tokens (env tokens skipped), ``gamma`` and
+      ``lam`` per token (:func:`~agentgym.algorithms.returns.gae`).
+    * ``turn``: one step per turn, the value read at each turn's first token, every token of a turn
+      sharing its advantage and return (:func:`~agentgym.algorithms.returns.turn_gae`).
     """
-    out = [0.0] * len(rewards)
-    for members in _groups(group_ids).values():
-        n = len(members)
-        if n < 2:
-            continue
-        total = math.fsum(float(rewards[i]) for i in members)
-        for i in members:
-            out[i] = float(rewards[i]) - (total - float(rewards[i])) / (n - 1)
-    return out
-
-
-# --------------------------------------------------------------------------- per-turn credit
-
-def turn_rewards(token_rewards: Sequence[float], turn_spans: Sequence[tuple[int, int]]) -> list[float]:
-    """Each turn's reward: the token rewards from the turn's first token up to the next turn's first
-    token (the step reward on its last policy token, plus any per-token terms such as a KL penalty)."""
-    starts = [s for s, _ in turn_spans] + [len(token_rewards)]
-    return [math.fsum(float(r) for r in token_rewards[starts[k]:starts[k + 1]]) for k in range(len(turn_spans))]
-
-
-def episode_returns(rewards: Sequence[float], gamma: float = 1.0) -> list[float]:
-    """Episode-level credit: the episode's return (discounted from its first turn, ``G_0``) on every turn."""
-    g0 = discounted_returns(rewards, gamma)[0] if len(rewards) else 0.0
-    return [g0] * len(rewards)
-
-
-def observation_history_keys(token_ids: Sequence[int], loss_mask: Sequence[int],
-                             turn_spans: Sequence[tuple[int, int]]) -> list[tuple[int, ...]]:
-    """For each turn, the environment-side ids before it (prompt, observations, template glue: every
-    token the policy did not sample). Two turns with equal keys saw the same observations in the same
-    order — the same env state for a POMDP whose state is its observation history."""
-    keys = []
-    for start, _ in turn_spans:
-        keys.append(tuple(int(t) for t, m in zip(token_ids[:start], loss_mask[:start]) if not m))
-    return keys
-
-
-def turn_group_normalize(turn_values: Sequence[Sequence[float]], group_ids: Sequence[Hashable | None],
-                         state_keys: Sequence[Sequence[Hashable]] | None = None, *, scale: bool = True,
-                         eps: float = 1e-6, leave_one_out_baseline: bool = False,
-                         index_fallback: bool = True) -> list[list[float]]:
-    """Per-turn advantages with turn-level baselines.
-
-    ``turn_values[i][k]`` (e.g. the return-to-go of trajectory ``i``'s turn ``k``) is compared with a
-    pool of turns from the same group: those with the same state key (``state_keys[i][k]``, e.g.
-    :func:`observation_history_keys`) when at least one other member shares it; else — with
-    ``index_fallback`` — every turn of the group at the same index ``k``; without it (or with no peer
-    at all) the turn's advantage is 0, as for a GRPO group of one. Within the pool: ``v - mean``
-    divided by the pool's sample std (``scale``, as :func:`group_normalize`; equal values give 0), or
-    ``v - mean of the others`` (``leave_one_out_baseline``: RLOO, no scaling).
-
-    Unbiasedness: the pool of turn ``(i, k)`` is decided by histories before turn ``k`` and its other
-    members are independent samples, so its baseline does not depend on trajectory ``i``'s action at
-    ``k`` or later (leave-one-out makes it exact; the in-pool mean carries GRPO's usual ``(n-1)/n``
-    shrinkage). Exactly one baseline per turn — never one per *remaining* turn (verl #7244).
-    """
-    by_state: dict[Hashable, list[tuple[int, int]]] = defaultdict(list)
-    by_index: dict[Hashable, list[tuple[int, int]]] = defaultdict(list)
-    for i, values in enumerate(turn_values):
-        g = _group_key(i, group_ids[i])
-        for k in range(len(values)):
-            by_index[(g, k)].append((i, k))
-            if state_keys is not None:
-                by_state[(g, state_keys[i][k])].append((i, k))
-    out = [[0.0] * len(v) for v in turn_values]
-    for i, values in enumerate(turn_values):
-        g = _group_key(i, group_ids[i])
-        for k, v in enumerate(values):
-            pool = by_state[(g, state_keys[i][k])] if state_keys is not None else []
-            if len(pool) < 2:
-                pool = by_index[(g, k)] if index_fallback else []
-            if len(pool) < 2:
-                continue
-            pv = torch.tensor([float(turn_values[j][m]) for j, m in pool], dtype=torch.float64)
-            if leave_one_out_baseline:
-                out[i][k] = float(v) - (float(pv.sum()) - float(v)) / (len(pool) - 1)
-                continue
-            a = float(v) - float(pv.mean())
-            std = float(pv.std(unbiased=True))
-            out[i][k] = a / (std + eps) if scale and std > 0 else a
-    return out
-
-
-def turn_gae(rewards: Sequence[float], values: Sequence[float], gamma: float = 1.0,
-             lam: float = 1.0) -> tuple[list[float], list[float]]:
-    """GAE with one time step per turn (Schulman et al., 2016, arXiv:1506.02438, applied at turn level).
-
-    ``rewards[k]``: turn ``k``'s reward; ``values[k]``: the critic's value of the state in which turn
-    ``k`` is chosen (its first token). ``δ_k = r_k + γ V_{k+1} - V_k`` (``V`` after the last turn = 0),
-    ``A_k = δ_k + γ λ A_{k+1}``. Returns ``(advantages, returns = advantages + values)``. Unlike
-    token-level :func:`gae`, the discount counts turns, not tokens.
-    """
-    n = len(rewards)
-    adv = [0.0] * n
-    next_value, next_adv = 0.0, 0.0
-    for k in range(n - 1, -1, -1):
-        delta = float(rewards[k]) + gamma * next_value - float(values[k])
-        next_adv = delta + gamma * lam * next_adv
-        adv[k] = next_adv
-        next_value = float(values[k])
-    return adv, [a + float(v) for a, v in zip(adv, values)]
+    if inputs.credit == "token":
+        adv, ret = gae(inputs.rewards, inputs.values, inputs.mask, config.gamma, config.lam)
+    else:
+        pairs = [turn_gae(r, v, config.gamma, config.lam) for r, v in zip(inputs.turn_rewards(), inputs.turn_values())]
+        adv, ret = inputs.to_tokens([a for a, _ in pairs]), inputs.to_tokens([r for _, r in pairs])
+    if config.whiten_advantages:
+        adv = masked_whiten(adv, inputs.mask)
+    return adv, ret

@@ -69,7 +69,8 @@ import torch
 from agentgym.config import load_config, to_dict
 from agentgym.stats import diff_ci, format_ci, mean_ci, min_detectable_difference, verdict, without_undefined
 
-from agentgym.algorithms.learners import LEARNERS, LearnerConfig, learner_needs_groups
+from agentgym.algorithms.catalog import LEARNERS, learner_needs_groups
+from agentgym.algorithms.config import LearnerConfig
 from agentgym.algorithms.trainer import TrainConfig, Trainer
 
 __all__ = ["Variant", "RunRecord", "parse_variants", "compare", "run_trl_grpo", "CSV_COLUMNS", "EXTERNAL_ALGOS"]
@@ -77,7 +78,7 @@ __all__ = ["Variant", "RunRecord", "parse_variants", "compare", "run_trl_grpo", 
 #: Learners trained outside :class:`Trainer`: name -> ``module:function`` imported on first use. The
 #: function is ``train_with_trl(env, policy, *, steps, num_generations, prompts_per_step, …) -> dict``
 #: whose ``history`` has the trainer's row format (``step``, ``rollout/reward_mean``, …).
-EXTERNAL_ALGOS = {"trl-grpo": "agentgym.algorithms.trl_adapter:train_with_trl"}
+EXTERNAL_ALGOS = {"trl-grpo": "agentgym.algorithms.offline.trl_adapter:train_with_trl"}
 #: The learner settings an external learner takes (see the module docstring).
 EXTERNAL_SETTINGS = frozenset({"learner.lr", "learner.kl_coef", "learner.micro_batch_size"})
 
@@ -144,7 +145,7 @@ def _variant_key(key: str, algo: str | None = None) -> str:
 
 def parse_variants(text: str | Sequence[str]) -> list[Variant]:
     """``"reinforce,ppo,grpo:mask_env_tokens=false"`` → variants (labels must be unique). Any registered
-    learner (:data:`~agentgym.algorithms.learners.LEARNERS`, including ones a ``--import`` module added)
+    learner (:data:`~agentgym.algorithms.catalog.LEARNERS`, including ones a ``--import`` module added)
     or external one is accepted."""
     items = text.split(",") if isinstance(text, str) else list(text)
     known = sorted(LEARNERS) + sorted(EXTERNAL_ALGOS)

@@ -4,8 +4,9 @@ Policy-gradient surrogates (the per-token term a learner's *objective* contribut
 ratio (:func:`clipped_surrogate`, optionally dual-clip, :func:`dual_clip_surrogate`), the on-policy
 ``-A log p`` (:func:`reinforce_surrogate`), GSPO's sequence-level ratio (:func:`gspo_surrogate`) and
 CISPO's clipped, detached importance weight on a REINFORCE term (:func:`cispo_surrogate`). Each
-returns ``(loss, ratio, clipped)`` per token; :func:`ppo_objective` aggregates one of them with the
-entropy, KL and value terms.
+returns ``(loss, ratio, clipped)`` per token; the registered objectives (:mod:`.objectives`) call
+them with a learner's settings, and :func:`ppo_objective` aggregates one of them with the entropy, KL
+and value terms.
 
 Alignment. Every per-token tensor is indexed by the position of the token it is about:
 ``logprobs[b, t] = log p(token_ids[b, t] | token_ids[b, :t])``, computed from the logits at
@@ -26,19 +27,19 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 __all__ = [
     "LOSS_AGG_MODES", "KL_ESTIMATORS", "selective_log_softmax", "token_logprobs", "entropy_from_logits",
-    "clipped_surrogate", "dual_clip_surrogate", "gspo_surrogate", "cispo_surrogate", "reinforce_surrogate",
-    "SURROGATES", "surrogate_term", "PolicyTerm", "aggregate", "kl_penalty", "clipped_value_loss",
+    "clipped_surrogate", "dual_clip_surrogate", "ppo_clip_term", "gspo_surrogate", "cispo_surrogate",
+    "reinforce_surrogate",
+    "PolicyTerm", "aggregate", "kl_penalty", "clipped_value_loss",
     "masked_mean", "masked_whiten", "LossSettings", "ppo_objective",
 ]
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-SURROGATES = ("clip", "reinforce", "gspo", "cispo")
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
 
 
@@ -165,6 +166,15 @@ def gspo_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch
     return torch.maximum(unclipped, clipped_loss), ratio, (clipped_loss > unclipped).float()
 
 
+def ppo_clip_term(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                  clip: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's clipped ratio with ``clip``'s range (anything with ``clip_eps``, ``clip_eps_high`` and
+    ``dual_clip_c``: :class:`LossSettings`, a learner's config): dual-clip when ``dual_clip_c`` is set."""
+    if clip.dual_clip_c is not None:
+        return dual_clip_surrogate(logp, old_logp, advantages, clip.clip_eps, clip.clip_eps_high, clip.dual_clip_c)
+    return clipped_surrogate(logp, old_logp, advantages, clip.clip_eps, clip.clip_eps_high)
+
+
 def cispo_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_eps: float = 1.0,
                     clip_eps_high: float | None = 0.28) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """CISPO (MiniMax, 2025, "MiniMax-M1", arXiv:2506.13585): a REINFORCE term weighted by the clipped,
@@ -273,13 +283,12 @@ PolicyTerm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
 
 @dataclass(frozen=True)
 class LossSettings:
-    """What :func:`ppo_objective` needs to know (the learners build it from their config).
+    """What :func:`ppo_objective` needs to know; the one place these settings' defaults are written
+    (a learner's config takes them from here, and the learner reads this class's fields off it).
 
-    ``surrogate``: ``clip`` (PPO/GRPO ratio clipping; dual-clip when ``dual_clip_c`` is set),
-    ``reinforce`` (``-A log p``), ``gspo`` or ``cispo`` (see their functions) — used when no
+    ``clip_eps`` / ``clip_eps_high`` / ``dual_clip_c``: PPO's clipped ratio, used when no
     ``policy_term`` is passed to :func:`ppo_objective`. ``max_len``: the constant of ``seq-mean-token-sum``.
     """
-    surrogate: str = "clip"
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     dual_clip_c: float | None = None
@@ -292,32 +301,12 @@ class LossSettings:
     value_clip_eps: float | None = 0.2
 
     def __post_init__(self) -> None:
-        if self.surrogate not in SURROGATES:
-            raise ValueError(f"surrogate must be one of {SURROGATES}, got {self.surrogate!r}")
         if self.loss_agg not in LOSS_AGG_MODES:
             raise ValueError(f"unknown loss aggregation {self.loss_agg!r}; choose one of {LOSS_AGG_MODES}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; choose one of {KL_ESTIMATORS}")
         if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
             raise ValueError(f"dual_clip_c must be > 1 or None, got {self.dual_clip_c}")
-
-
-def surrogate_term(settings: LossSettings) -> PolicyTerm:
-    """The built-in policy-gradient term ``settings.surrogate`` names, as a :data:`PolicyTerm`."""
-    name, eps, high = settings.surrogate, settings.clip_eps, settings.clip_eps_high
-
-    def term(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
-             ratio_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if name == "clip":
-            if settings.dual_clip_c is not None:
-                return dual_clip_surrogate(logp, old_logp, adv, eps, high, settings.dual_clip_c)
-            return clipped_surrogate(logp, old_logp, adv, eps, high)
-        if name == "gspo":
-            return gspo_surrogate(logp, old_logp, adv, ratio_mask, eps, high)
-        if name == "cispo":
-            return cispo_surrogate(logp, old_logp, adv, eps, high)
-        return reinforce_surrogate(logp, adv), torch.exp(logp - old_logp), torch.zeros_like(logp)
-    return term
 
 
 def ppo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
@@ -336,7 +325,7 @@ def ppo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     ``values``, ``old_values`` and ``returns``; the entropy term needs ``entropy``. ``is_weights``
     (detached, per token) multiplies the policy-gradient term: the truncated importance-sampling
     correction for a sampler whose log-probs differ from the learner's. ``policy_term`` (a learner's
-    objective) replaces the built-in surrogate ``settings.surrogate`` names.
+    objective, :mod:`.objectives`) replaces PPO's clipped ratio with ``settings``' clip range.
 
     Returns the scalar loss and detached statistics (token means over ``mask`` unless noted).
     """
@@ -346,7 +335,10 @@ def ppo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
         old_logp = torch.where(sampled_mask.bool(), old_logp, logp.detach())
     stats: dict[str, torch.Tensor] = {}
     ratio_mask = mask if sampled_mask is None else mask * sampled_mask.to(mask.dtype)
-    pg, ratio, clipped = (policy_term or surrogate_term(settings))(logp, old_logp, advantages, ratio_mask)
+    if policy_term is None:
+        pg, ratio, clipped = ppo_clip_term(logp, old_logp, advantages, settings)
+    else:
+        pg, ratio, clipped = policy_term(logp, old_logp, advantages, ratio_mask)
     stats["clip_frac"] = masked_mean(clipped, mask)
     if is_weights is not None:
         pg = pg * is_weights.detach()

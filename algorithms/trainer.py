@@ -31,7 +31,8 @@ from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutEngine, Roll
 from agentgym.precision import check_precision, resolve_precision
 from agentgym.threads import recheck as recheck_threads
 
-from agentgym.algorithms.learners import LearnerConfig, make_learner
+from agentgym.algorithms.catalog import make_learner
+from agentgym.algorithms.config import LearnerConfig
 from agentgym.algorithms.health import Alarm, HealthConfig, HealthMonitor, batch_health
 from agentgym.algorithms.overlap import Prefetcher
 
@@ -135,13 +136,10 @@ class TrainConfig(RolloutViews):
             raise ValueError(f"max_staleness must be an integer >= 0 (0: on-policy), got {self.max_staleness!r}")
         from agentgym.policies.ray_pool import check_weight_transfer
         check_weight_transfer(self.weight_transfer)
-        if self.backend not in (None, "hf", "vllm"):
-            raise ValueError(f"backend must be hf, vllm or null (default), got {self.backend!r}")
         if not isinstance(self.backend_options, dict):
             raise ValueError(f"backend_options must be a mapping, got {self.backend_options!r}")
-        if self.backend == "hf":
-            from agentgym.policies.transformers_policy import check_options
-            check_options(self.backend_options)
+        from agentgym.policies.registry import check_backend
+        check_backend(self.backend, self.backend_options)   # a registered name, and options it takes
         lt = self.learner.temperature
         st = self.rollout.sampling.logprob_temperature
         if lt is not None and abs(lt - st) > 1e-9:
@@ -296,43 +294,24 @@ class Trainer:
         if cfg.fsdp and cfg.rollout_workers > 0:
             raise ValueError("fsdp=true with rollout_workers > 0 is not supported yet: use one engine per rank")
         _set_seed(cfg.seed)
-        from agentgym.policies.loading import load_policy, load_trained_policy, resolve_backend
+        from agentgym.policies.placement import place_sampler
+        from agentgym.policies.registry import resolve_backend
         backend = resolve_backend(cfg.backend, notice=self.log)
-        options = dict(cfg.backend_options)
         # one precision for the whole run, decided before anything loads (a probe, cached per machine)
         device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.precision = resolve_precision(cfg.precision, device)
         if self.is_main:
             self.log(f"[agentgym] {self.precision.describe()}")
-        if backend == "hf":          # the HF sampler generates under the same autocast
-            from agentgym.policies.transformers_policy import check_options
-            check_options(options)
-            options.setdefault("precision", self.precision.name)
-        # a separate vLLM engine runs in bf16 when the run does (its dtype; fp32 master weights stay here)
-        sampler_dtype = cfg.dtype or ("bfloat16" if backend == "vllm" and self.precision.bf16 else None)
-        if policy is None:  # any model spec, including an SFT / DPO output or another run's checkpoint
-            policy = load_trained_policy(cfg.model, device=cfg.device, dtype=_torch_dtype(cfg.dtype), seed=cfg.seed,
-                                         **(options if backend == "hf" and not cfg.fsdp and not cfg.rollout_workers
-                                            and not cfg.max_staleness else {}))
-        self.train_policy = policy          # the transformers module the learner trains
-        if cfg.rollout_workers > 0:         # engines in Ray actors
-            from agentgym.policies.ray_pool import RayPolicyPool
-            self.policy = RayPolicyPool(cfg.model, num_workers=cfg.rollout_workers, backend=backend, seed=cfg.seed,
-                                        address=cfg.rollout.ray_address, weight_transfer=cfg.weight_transfer,
-                                        **options)
-        elif backend == "hf" and not cfg.fsdp and not cfg.max_staleness:
-            self.policy = policy            # colocated: samples with the module being trained
-        else:                               # a separate engine, loaded from the same weights (under FSDP an
-            # unsharded HF copy per rank when backend=hf: each rank's generate() runs its own number of
-            # forward passes, which a sharded module cannot, as its passes are collective)
-            self.policy = load_policy(cfg.model, backend, device=cfg.device, dtype=sampler_dtype, seed=cfg.seed,
-                                      **options)
+        # train_policy: the transformers module the learner trains; policy: the sampler (the same object
+        # when colocated, else a separate engine, Ray actors or an unsharded copy: see policies/placement.py)
+        self.train_policy, self.policy = place_sampler(cfg, backend, self.precision, policy,
+                                                       train_dtype=_torch_dtype(cfg.dtype))
         self.colocated = self.policy is self.train_policy
         lcfg = cfg.learner
         if lcfg.total_steps is None or lcfg.total_steps <= 0:
             from dataclasses import replace
             lcfg = replace(lcfg, total_steps=cfg.steps)
-        self.learner = make_learner(cfg.algo, policy, lcfg, separate_sampler=not self.colocated, fsdp=cfg.fsdp,
+        self.learner = make_learner(cfg.algo, self.train_policy, lcfg, separate_sampler=not self.colocated, fsdp=cfg.fsdp,
                                     precision=self.precision)
         if not self.colocated:              # the engine starts from exactly the learner's weights
             self.policy.sync_weights(self.learner.policy_weights())
@@ -662,9 +641,8 @@ class Trainer:
     def close(self) -> None:
         """Release a separate sampler (vLLM engine, Ray actors); a colocated policy stays usable."""
         if not self.colocated:
-            close = getattr(self.policy, "close", None)
-            if close is not None:
-                close()
+            from agentgym.policies.backend import as_backend
+            as_backend(self.policy).close()
 
     def write_artifacts(self, eval_trajectories: list[Any]) -> None:
         from agentgym.report import write_html_report

@@ -51,7 +51,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from agentgym.algorithms.learners import LearnerConfig, make_learner
+    from agentgym.algorithms import LearnerConfig, make_learner
     from agentgym.policies.models import load_tokenizer
     from agentgym.policies.transformers_policy import TransformersPolicy
     from agentgym.precision import cpu_identity, resolve_precision

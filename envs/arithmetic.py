@@ -76,14 +76,14 @@ class ArithmeticEnv(AgentEnv):
 
     def __init__(self, split: str = "train", hard_fraction: float = 0.5, tool_cost: float = 0.05,
                  max_turns: int = 4, reward: Reward | Mapping[str, float] | None = None,
-                 render_mode: str | None = None):
+                 render_mode: str | None = None, group_reward: Any = None):
         if split not in _SPLIT_SEEDS:
             raise ValueError(f"split must be one of {sorted(_SPLIT_SEEDS)}, got {split!r}")
         if not 0.0 <= hard_fraction <= 1.0:
             raise ValueError(f"hard_fraction must be in [0, 1], got {hard_fraction}")
         self.split, self.hard_fraction, self.tool_cost = split, hard_fraction, tool_cost
         self.tools = ToolSet([calculator], timeout_s=2.0)
-        super().__init__(reward=reward, max_turns=max_turns, render_mode=render_mode)
+        super().__init__(reward=reward, max_turns=max_turns, render_mode=render_mode, group_reward=group_reward)
 
     def default_reward(self) -> Reward:
         return Reward([correct, (well_formed_answer, 0.1), (CallCost("tool_call", name="tool_cost"), self.tool_cost),

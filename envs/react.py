@@ -303,7 +303,8 @@ class ReActEnv(AgentEnv):
                  question_types: Sequence[str] = ("multi_hop", "single_hop"), single_hop_fraction: float = 0.25,
                  few_tool_calls: int = 3, many_tool_calls: int = 5, world_seed: int = 0,
                  world_size: str | int = "small", max_turns: int = 8,
-                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None):
+                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
+                 group_reward: Any = None):
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         if topk < 1:
@@ -339,7 +340,7 @@ class ReActEnv(AgentEnv):
         self._page: list[tuple[str, str]] = []  # (title, sentence) of the last search's passages
         self._lookup_state: tuple[str, int] | None = None  # (keyword, results shown)
         self._last_hits: list[Any] = []
-        super().__init__(reward=reward, max_turns=max_turns, render_mode=render_mode)
+        super().__init__(reward=reward, max_turns=max_turns, render_mode=render_mode, group_reward=group_reward)
 
     @staticmethod
     def _select(rows: list[dict], types: tuple[str, ...], single_hop_fraction: float) -> list[dict]:

@@ -23,18 +23,11 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["trainer_checkpoint", "load_trained_policy", "load_tokenizer_for", "export_model", "load_policy",
-           "POLICY_BACKENDS", "check_model_spec", "model_directory", "BackendUnavailable", "default_backend"]
+           "POLICY_BACKENDS", "check_model_spec", "model_directory", "BackendUnavailable", "default_backend",
+           "resolve_backend"]
 
-#: Generation backends: name -> ``module:function(model_dir, *, tokenizer, device, dtype, seed) -> policy``.
-#: A new backend is one file plus one line here.
-POLICY_BACKENDS = {
-    "hf": "agentgym.policies.transformers_policy:load",
-    "vllm": "agentgym.policies.vllm_policy:load",
-}
-
-
-class BackendUnavailable(ImportError):
-    """A generation backend's package is not installed here (the message says how to install it)."""
+from agentgym.policies.registry import (POLICY_BACKENDS, BackendUnavailable, backend_class, default_backend,
+                                       names_own_backend, resolve_backend, spec_backend)
 
 TINY_RANDOM = "tiny-random"
 
@@ -166,7 +159,7 @@ def export_model(model: Any, tokenizer: Any, out_dir: str | Path, *, merge_lora:
 def check_model_spec(spec: str) -> None:
     """Fail fast (before anything loads) when ``spec`` names no model: FileNotFoundError with the reason."""
     from agentgym.policies.models import resolve_model
-    if spec in (TINY_RANDOM, "oracle") or spec.startswith("openai:"):
+    if spec == TINY_RANDOM or names_own_backend(spec):
         return
     if trainer_checkpoint(spec) is not None:
         return
@@ -177,31 +170,6 @@ def check_model_spec(spec: str) -> None:
             raise FileNotFoundError(f"{p} holds no model (no config.json, no model/ folder, no checkpoints/)")
         return
     resolve_model(spec)
-
-
-def default_backend() -> str:
-    """``vllm`` on a CUDA machine where vLLM is installed (every peer rolls out with it), else ``hf``.
-    On CPU the default stays ``hf``: the only CPU build of vLLM is a third-party package (opt-in)."""
-    import importlib.util
-    try:
-        import torch
-        cuda = torch.cuda.is_available()
-    except ImportError:  # pragma: no cover
-        cuda = False
-    return "vllm" if cuda and importlib.util.find_spec("vllm") is not None else "hf"
-
-
-def _backend_loader(backend: str) -> Any:
-    import importlib
-    if backend not in POLICY_BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(POLICY_BACKENDS)}")
-    module, _, fn = POLICY_BACKENDS[backend].partition(":")
-    try:
-        return getattr(importlib.import_module(module), fn)
-    except BackendUnavailable:
-        raise
-    except ImportError as e:
-        raise BackendUnavailable(f"the {backend} backend cannot be imported here ({e})") from None
 
 
 def model_directory(spec: str, *, seed: int = 0) -> Path | str:
@@ -244,52 +212,14 @@ def load_policy(spec: str, backend: str | None = None, *, env_id: str | None = N
 
     ``spec``: a model spec (see the module docstring), ``oracle`` (the env's scripted reference policy,
     needs ``env_id``) or ``openai:MODEL@BASE_URL`` (a hosted chat endpoint; evaluation only).
-    ``backend``: ``hf`` (transformers; trainable in place), ``vllm``, or None for
-    :func:`default_backend`. When the requested backend is not installed, ``notice`` (default: print
-    to stderr) gets one line and the ``hf`` backend is used.
+    ``backend``: a name from :data:`~agentgym.policies.registry.POLICY_BACKENDS` (``hf``: transformers,
+    trainable in place; ``vllm``), or None for :func:`default_backend`. When the requested backend is
+    not installed, ``notice`` (default: print to stderr) gets one line and the fallback is used.
     """
-    if spec.startswith("openai:"):
-        from agentgym.policies.openai_policy import OpenAIChatPolicy
-        model, sep, url = spec[len("openai:"):].partition("@")
-        if not sep or not model or not url:
-            raise ValueError("use openai:MODEL@BASE_URL (e.g. openai:qwen@http://127.0.0.1:8000/v1)")
-        return OpenAIChatPolicy(base_url=url, model=model)
-    if spec == "oracle":
-        import agentgym
-        from agentgym.policies.models import load_tokenizer
-        from agentgym.policies.scripted import ScriptedPolicy
-        if env_id is None:
-            raise ValueError("the oracle policy needs an env")
-        env = agentgym.make(env_id)
-        oracle = getattr(env.unwrapped, "oracle", None)
-        env.close()
-        if oracle is None:
-            raise ValueError(f"{env_id} defines no oracle")
-        return ScriptedPolicy(load_tokenizer(), oracle)
+    own = spec_backend(spec)
+    if own is not None:   # the spec names its backend (oracle, openai:…)
+        return own.from_spec(spec, env_id=env_id)
     backend = resolve_backend(backend, notice=notice)
-    if backend != "hf":
-        load = _backend_loader(backend)
-        return load(str(model_directory(spec, seed=seed)), tokenizer=load_tokenizer_for(spec), device=device,
-                    dtype=dtype, seed=seed, **options)
-    if isinstance(dtype, str):
-        import torch
-        dtype = getattr(torch, dtype)
-    from agentgym.policies.transformers_policy import check_options
-    check_options(options)
-    return load_trained_policy(spec, device=device, dtype=dtype, seed=seed, **options)
-
-
-def resolve_backend(backend: str | None, notice: Any = None) -> str:
-    """The backend to use: ``backend`` (None: :func:`default_backend`) when it can be imported here,
-    else ``hf`` after one line to ``notice`` (default: stderr) saying why."""
-    import sys
-    backend = backend or default_backend()
-    if backend == "hf":
-        return backend
-    try:
-        _backend_loader(backend)
-    except BackendUnavailable as e:
-        say = notice or (lambda m: print(m, file=sys.stderr))
-        say(f"[agentgym] backend {backend!r} unavailable: {e}; using the hf backend")
-        return "hf"
-    return backend
+    cls = backend_class(backend)
+    cls.check_options(options)
+    return cls.from_spec(spec, device=device, dtype=dtype, seed=seed, **options)

@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from agentgym.parsing import parse_tool_calls, truncate_after_stop
+from agentgym.policies.backend import ChatBackend
 from agentgym.policy import Generation, SamplingParams
 
 __all__ = ["OpenAIChatPolicy"]
@@ -48,7 +49,7 @@ _TOOL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", flags=re.DOTALL)
 _CLOSING_TAG = re.compile(r"</([A-Za-z_][\w\-]*)>")
 
 
-class OpenAIChatPolicy:
+class OpenAIChatPolicy(ChatBackend):
     """One reply per conversation from ``POST {base_url}/chat/completions``, requests in parallel.
 
     Args:
@@ -67,6 +68,16 @@ class OpenAIChatPolicy:
         structured_tool_history: send earlier ``<tool_call>`` turns back as ``tool_calls`` messages
             (see the module docstring); off sends every message as plain text.
     """
+
+    # a ChatBackend: chat only (no tokenizer, no generate): its tokens are not ours, so it evaluates but cannot train
+
+    @classmethod
+    def from_spec(cls, spec: str, *, env_id: str | None = None, **_: Any) -> "OpenAIChatPolicy":
+        """``openai:MODEL@BASE_URL`` (registered as that spec prefix)."""
+        model, sep, url = spec[len("openai:"):].partition("@")
+        if not sep or not model or not url:
+            raise ValueError("use openai:MODEL@BASE_URL (e.g. openai:qwen@http://127.0.0.1:8000/v1)")
+        return cls(base_url=url, model=model)
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 60.0,
                  max_retries: int = 3, concurrency: int = 8, extra_body: Mapping[str, Any] | None = None,

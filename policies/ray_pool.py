@@ -47,6 +47,7 @@ import weakref
 from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
+from agentgym.policies.backend import TokenBackend
 from agentgym.policy import Generation, SamplingParams
 
 __all__ = ["RayPolicyPool", "WEIGHT_TRANSFERS", "check_weight_transfer", "collective_backend", "plan_buckets",
@@ -258,9 +259,7 @@ class _PolicyHost:
 
     def close(self) -> None:
         self.leave_weight_group()
-        close = getattr(self.policy, "close", None)
-        if close is not None:
-            close()
+        self.policy.close()   # a Backend (the one loader's product): close is part of its interface
 
 
 # ------------------------------------------------------------------ the pool (driver / trainer side)
@@ -324,7 +323,7 @@ def _named_tensors(weights: Any) -> list[tuple[str, Any]]:
     return [(k, v.detach()) for k, v in weights]
 
 
-class RayPolicyPool:
+class RayPolicyPool(TokenBackend):
     """A policy whose ``generate`` runs on ``num_workers`` Ray actors (each a full engine).
 
     ``weight_transfer``: how :meth:`sync_weights` moves the weights — ``"object_store"``,
@@ -335,16 +334,21 @@ class RayPolicyPool:
     the group set-up and every broadcast may take before they fail with an error.
     """
 
-    def __init__(self, spec: str, *, num_workers: int = 2, backend: str = "hf", seed: int = 0,
+    supports_weight_sync = True
+    separate_engine = True      # each actor is a full engine with its own weights
+
+    def __init__(self, spec: str, *, num_workers: int = 2, backend: str | None = None, seed: int = 0,
                  address: str | None = None, resources: Mapping[str, Any] | None = None,
                  threads_per_worker: int = 1, weight_transfer: str = "auto", weight_bucket_mb: float = 256,
                  weight_sync_timeout_s: float = 300.0, **options: Any):
         import ray
 
         from agentgym.policies.loading import load_tokenizer_for
+        from agentgym.policies.registry import backend_names
         from agentgym.ray_envs import ensure_ray
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        backend = backend or backend_names()[0]   # None: the registry's fallback (hf), in every actor alike
         self.weight_transfer = weight_transfer
         if weight_bucket_mb < 0 or weight_sync_timeout_s <= 0:
             raise ValueError("weight_bucket_mb must be >= 0 and weight_sync_timeout_s > 0")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+from agentgym.policies.backend import TokenBackend
 from agentgym.policy import Generation, SamplingParams
 
 __all__ = ["ScriptedPolicy"]
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(TokenBackend):
     """Replies chosen by ``script`` and tokenized with a real tokenizer.
 
     ``script`` is a list of replies (reply ``k`` on turn ``k``, the last one repeated) or a function
@@ -21,7 +22,21 @@ class ScriptedPolicy:
     Log-probs are 0 (a deterministic policy): scripted trajectories seed SFT, not importance-weighted RL.
     """
 
-    wants_context = True
+    needs_context = True
+
+    @classmethod
+    def from_spec(cls, spec: str, *, env_id: str | None = None, **_: Any) -> "ScriptedPolicy":
+        """``oracle``: the env's scripted reference policy (registered as that spec)."""
+        import agentgym
+        from agentgym.policies.models import load_tokenizer
+        if env_id is None:
+            raise ValueError("the oracle policy needs an env")
+        env = agentgym.make(env_id)
+        oracle = getattr(env.unwrapped, "oracle", None)
+        env.close()
+        if oracle is None:
+            raise ValueError(f"{env_id} defines no oracle")
+        return cls(load_tokenizer(), oracle)
 
     def __init__(self, tokenizer: Any, script: Sequence[str] | Callable[[Mapping[str, Any]], str], *,
                  add_eos: bool = True):

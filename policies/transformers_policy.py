@@ -12,6 +12,7 @@ from transformers import StoppingCriteria, StopStringCriteria, StoppingCriteriaL
 
 from agentgym.policy import Generation, SamplingParams, cut_at_stop, weight_name_mismatch
 
+from agentgym.policies.backend import TokenBackend
 from agentgym.policies.models import DEFAULT_MODEL, load_model, load_tokenizer, tiny_random_model
 
 __all__ = ["TransformersPolicy", "load", "check_options", "OPTIONS"]
@@ -63,7 +64,7 @@ class _ProgressCriterion(StoppingCriteria):
         return stop
 
 
-class TransformersPolicy:
+class TransformersPolicy(TokenBackend):
     """Batched sampling from a causal LM, returning ids exactly as sampled with their log-probs.
 
     Prompts of different lengths are left-padded into one batch. Log-probs are log-softmax of
@@ -90,7 +91,14 @@ class TransformersPolicy:
         max_batch_size: prompts per forward batch (longer lists are split).
         reuse_kv: keep sequences' KV caches between calls (see above); False recomputes every prompt.
         kv_cache_tokens: the most tokens kept in the store (SmolLM2-135M: 46 KB per token in fp32).
+
+    Registered as the ``hf`` backend: it samples with the module the learner trains (``trains_in_place``)
+    or, as a separate copy, takes synced weights; it generates under the run's autocast.
     """
+
+    supports_weight_sync = True
+    trains_in_place = True
+    follows_run_precision = True
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, name: str | None = None,
                  reuse_kv: bool = True, kv_cache_tokens: int = 32768, precision: str = "fp32"):
@@ -139,6 +147,20 @@ class TransformersPolicy:
         if attn_implementation:
             model.set_attn_implementation(attn_implementation)
         return cls(model, tok, name="tiny-random", **kwargs)
+
+    @classmethod
+    def check_options(cls, options: Any) -> None:
+        check_options(dict(options))
+
+    @classmethod
+    def from_spec(cls, spec: str, *, device: str | None = None, dtype: Any = None, seed: int = 0,
+                  env_id: str | None = None, **options: Any) -> "TransformersPolicy":
+        """Any model spec, LoRA checkpoints merged (:func:`~agentgym.policies.loading.load_trained_policy`)."""
+        from agentgym.policies.loading import load_trained_policy
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        check_options(options)
+        return load_trained_policy(spec, device=device, dtype=dtype, seed=seed, **options)
 
     def sync_weights(self, weights: Any) -> float:
         """Load new weights (an ``nn.Module`` or ``(name, tensor)`` pairs); returns the seconds taken.
@@ -335,7 +357,7 @@ class TransformersPolicy:
 
 def load(model_dir: str, *, tokenizer: Any = None, device: str | None = None, dtype: Any = None, seed: int = 0,
          **options: Any) -> TransformersPolicy:
-    """The ``hf`` entry of :data:`agentgym.policies.loading.POLICY_BACKENDS`."""
+    """An hf policy on a plain model directory (``from_spec`` takes any model spec)."""
     check_options(options)
     model = load_model(model_dir, device=device, dtype=dtype, attn_implementation=options.pop("attn_implementation", None))
     return TransformersPolicy(model, tokenizer if tokenizer is not None else load_tokenizer(model_dir), **options)

@@ -63,6 +63,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from agentgym.policies.backend import TokenBackend
 from agentgym.policy import Generation, SamplingParams, cut_at_stop
 
 __all__ = ["VLLMPolicy", "VLLMUnavailableError", "VLLMWorkerExtension", "load", "INSTALL_HINT"]
@@ -72,7 +73,7 @@ _CPU_KV_CACHE_BYTES = 2 << 30
 
 
 try:  # the loader's "backend not installed" error, itself an ImportError
-    from agentgym.policies.loading import BackendUnavailable as _Unavailable
+    from agentgym.policies.registry import BackendUnavailable as _Unavailable
 except ImportError:  # pragma: no cover - loader not importable
     _Unavailable = ImportError  # type: ignore[misc,assignment]
 
@@ -281,14 +282,37 @@ def _env(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-class VLLMPolicy:
+class VLLMPolicy(TokenBackend):
     """Batched sampling with a vLLM engine; see the module docstring for every setting and why.
 
     Build it with :func:`load`. ``tokenizer`` is the Hugging Face tokenizer of the model directory
     (decoding, stop strings and EOS ids follow it exactly as the HF policy does). Calls are
     serialised by a lock (``vllm.LLM`` is synchronous): ``sync_weights`` never overlaps a
-    ``generate``.
+    ``generate``. Registered as the ``vllm`` backend: a separate engine that takes synced weights, in
+    bf16 when the run is; the default on a CUDA machine where vLLM is installed.
     """
+
+    supports_weight_sync = True
+    separate_engine = True
+    engine_bf16_with_run = True
+
+    @classmethod
+    def preferred_here(cls) -> bool:
+        """On CUDA (every peer rolls out with vLLM there); on CPU the only build is third-party (opt-in)."""
+        import torch
+        return torch.cuda.is_available()
+
+    @classmethod
+    def available(cls) -> str | None:
+        return None if _vllm_installed() else f"vLLM is not installed: {INSTALL_HINT}"
+
+    @classmethod
+    def from_spec(cls, spec: str, *, device: str | None = None, dtype: Any = None, seed: int = 0,
+                  env_id: str | None = None, **options: Any) -> "VLLMPolicy":
+        """An engine on the spec's plain model directory (LoRA merged once into the cache)."""
+        from agentgym.policies.loading import load_tokenizer_for, model_directory
+        return load(str(model_directory(spec, seed=seed)), tokenizer=load_tokenizer_for(spec), device=device,
+                    dtype=dtype, seed=seed, **options)
 
     def __init__(self, llm: Any, tokenizer: Any, *, name: str, in_process: bool, tied_embeddings: bool,
                  eos_ids: Sequence[int], sleep_mode: bool = False):

@@ -72,6 +72,29 @@ def test_every_reference_passes_and_a_trivially_wrong_program_fails(sandbox):
         assert not all(t["passed"] for t in r["tests"]), p["task_id"]
 
 
+def test_graded_chunks_go_to_the_sandbox_as_one_batch(sandbox):
+    """run_tests_batch hands all its harness runs to ``run_batch`` at once (a warm sandbox: one
+    round trip to one runner), and each chunk still gets its own report."""
+    calls = []
+
+    class Spy:  # the real sandbox underneath, only counting what reaches it
+        name = sandbox.name
+
+        def run(self, *a, **k):
+            calls.append("run")
+            return sandbox.run(*a, **k)
+
+        def run_batch(self, specs):
+            calls.append(("run_batch", len(specs)))
+            return sandbox.run_batch(specs)
+
+    problems = bundled_problems()[:3]
+    jobs = [(p, p["solution"]) for p in problems] + [(problems[0], trivially_wrong(problems[0]))]
+    reports = run_tests_batch(Spy(), jobs, jobs_per_run=1)
+    assert calls == [("run_batch", 4)]
+    assert [all(t["passed"] for t in r["tests"]) for r in reports] == [True, True, True, False]
+
+
 def test_oracle_solves_every_bundled_problem_with_the_subprocess_backend():
     """The oracle policy through the env API, in parallel episodes (as a rollout engine would)."""
     def episode(index: int) -> tuple[float, dict]:

@@ -17,7 +17,7 @@ import torch
 
 from agentgym.algorithms import (ADVANTAGES, GRPOConfig, LearnerConfig, PPOConfig, ReinforceConfig, RLOOConfig,
                                  collate, make_learner, resolve_config)
-from agentgym.algorithms.learners import AdvantageInputs
+from agentgym.algorithms.advantages import AdvantageInputs
 from agentgym.trajectory import Trajectory
 
 PROMPT = [1, 2]

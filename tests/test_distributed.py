@@ -29,7 +29,7 @@ UPDATE_SCRIPT = textwrap.dedent("""
     import sys, torch
     import torch.distributed as dist
     from agentgym.algorithms.distributed import init_from_env
-    from agentgym.algorithms.learners import LearnerConfig, make_learner
+    from agentgym.algorithms import LearnerConfig, make_learner
     from agentgym.policies.transformers_policy import TransformersPolicy
     from agentgym.policy import SamplingParams
     from agentgym.rollout import RolloutConfig, RolloutEngine

@@ -201,7 +201,7 @@ def check_command(argv: list[str]) -> str | None:
         return f"unknown arguments {bad or extra}"
     overrides = [o for o in list(getattr(args, "overrides", None) or []) + extra if o not in ("...", "…")]
     classes = {"train": "agentgym.algorithms.trainer:TrainConfig", "compare": "agentgym.algorithms.trainer:TrainConfig",
-               "sft": "agentgym.algorithms.sft:SFTRunConfig", "dpo": "agentgym.algorithms.dpo:DPORunConfig",
+               "sft": "agentgym.algorithms.offline.sft:SFTRunConfig", "dpo": "agentgym.algorithms.offline.dpo:DPORunConfig",
                "eval": "agentgym.evaluation:EvalRunConfig"}
     if args.command not in classes:
         return None

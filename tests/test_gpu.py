@@ -20,7 +20,7 @@ TINY = ["model=tiny-random", "groups_per_step=2", "group_size=2", "sampling.max_
 
 
 def test_auto_precision_is_bf16_on_cuda_and_the_learner_updates_under_it():
-    from agentgym.algorithms.learners import LearnerConfig, make_learner
+    from agentgym.algorithms import LearnerConfig, make_learner
     from agentgym.policies.transformers_policy import TransformersPolicy
     from agentgym.policy import SamplingParams
     from agentgym.rollout import RolloutConfig, RolloutEngine

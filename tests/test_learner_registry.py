@@ -21,8 +21,9 @@ from agentgym.algorithms import (ADVANTAGES, LEARNERS, OBJECTIVES, CISPOConfig, 
                                  register_objective, resolve_config)
 from agentgym.algorithms.batch import Batch
 from agentgym.algorithms.compare import parse_variants
-from agentgym.algorithms.learners import (ClipObjective, CISPOObjective, DualClipObjective,
-                                          GSPOObjective, PolicyObjective, learner_needs_groups)
+from agentgym.algorithms.catalog import learner_needs_groups
+from agentgym.algorithms.objectives import (ClipObjective, CISPOObjective, DualClipObjective, GSPOObjective,
+                                            PolicyObjective)
 from agentgym.cli import main
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams

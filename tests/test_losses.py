@@ -12,11 +12,11 @@ import torch
 
 from agentgym.algorithms import losses
 from agentgym.algorithms.batch import collate
-from agentgym.algorithms.learners import LearnerConfig, make_learner
+from agentgym.algorithms import LearnerConfig, make_learner
 from agentgym.algorithms.losses import (LossSettings, aggregate, cispo_surrogate, clipped_surrogate,
                                         clipped_value_loss, dual_clip_surrogate, entropy_from_logits, gspo_surrogate,
-                                        kl_penalty, ppo_objective, reinforce_surrogate, surrogate_term,
-                                        token_logprobs)
+                                        kl_penalty, ppo_objective, reinforce_surrogate, token_logprobs)
+from agentgym.algorithms import OBJECTIVES, GRPOConfig
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
 from agentgym.rollout import RolloutConfig, RolloutEngine
@@ -175,12 +175,12 @@ def test_objective_takes_a_policy_term_and_the_named_surrogates():
         return -0.5 * a * lp, torch.exp(lp - old), torch.zeros_like(lp)
     loss, st = ppo_objective(logp, logp.detach(), adv, mask, LossSettings(), policy_term=half_pg)
     assert loss.item() == pytest.approx(-0.5 * 2 * (-1.0 - 2.0) / 2)   # token mean of -0.5·A·log p = 1.5
-    for name in ("clip", "reinforce", "gspo", "cispo"):
-        term = surrogate_term(LossSettings(surrogate=name))
+    for name in ("clip", "reinforce", "gspo", "cispo"):   # the registered objectives
+        term = OBJECTIVES.lookup(name)(GRPOConfig())
         pg, ratio, _ = term(logp, logp.detach(), adv, mask)
         assert ratio[0, 1:].tolist() == pytest.approx([1.0, 1.0]), name   # on-policy: every ratio is 1
     with pytest.raises(ValueError, match="surrogate"):
-        LossSettings(surrogate="dqn")
+        OBJECTIVES.lookup("dqn")
 
 
 # --------------------------------------------------------------------------- aggregation

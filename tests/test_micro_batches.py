@@ -7,7 +7,7 @@ import torch
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse: one torch thread)
 
 from agentgym.algorithms.batch import collate
-from agentgym.algorithms.learners import LearnerConfig, make_learner
+from agentgym.algorithms import LearnerConfig, make_learner
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.trajectory import Trajectory
 

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from agentgym.algorithms.learners import LearnerConfig, LoraSettings, make_learner
+from agentgym.algorithms import LearnerConfig, LoraSettings, make_learner
 from agentgym.policies.loading import POLICY_BACKENDS, BackendUnavailable, load_policy, resolve_backend
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams

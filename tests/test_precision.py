@@ -11,7 +11,7 @@ import torch
 from test_learners import TEMPERATURE, assert_learned, env_id, learning_curve, new_policy  # noqa: F401
 
 from agentgym import precision as P
-from agentgym.algorithms.learners import LearnerConfig, make_learner
+from agentgym.algorithms import LearnerConfig, make_learner
 
 
 @pytest.fixture(autouse=True)

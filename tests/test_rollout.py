@@ -50,11 +50,18 @@ def find_tasks(difficulty: str, n: int) -> list[int]:
 def assert_calls_match_trajectories(policy: RecordingPolicy, trajs: list[Trajectory]) -> None:
     """Turn k's prompt of every episode is exactly the first ids of its final trajectory, and the ids
     sampled at turn k follow it verbatim (so ids after turn k are a prefix of ids after turn k+1).
-    Searched over all recorded calls: in async mode a call may mix episodes at different turns."""
+    Searched over all recorded calls: in async mode a call may mix episodes at different turns.
+    An env with a ``cut_after`` rule (SearchQA under Search-R1, issue 26) has its reply cut by the engine:
+    then the turn ends in "stop" where the policy did not stop, and its ids are a prefix of the sampled ones."""
     recorded = [(p, g) for prompts, _, gens in policy.calls for p, g in zip(prompts, gens)]
+
+    def same(g, seg, reason):
+        return g.token_ids == seg or (reason == "stop" and g.finish_reason != "stop" and g.token_ids[:len(seg)] == seg)
+
     for t in trajs:
         for k, (s, e) in enumerate(t.turn_spans):
-            hits = [g for p, g in recorded if p == t.token_ids[:s] and g.token_ids == t.token_ids[s:e]]
+            seg = t.token_ids[s:e]
+            hits = [g for p, g in recorded if p == t.token_ids[:s] and same(g, seg, t.finish_reasons[k])]
             assert hits, f"turn {k}: no recorded prompt is a prefix of the final trajectory"
         assert t.turn_spans[0][0] == t.prompt_length if t.turn_spans else True
     assert sum(len(t.turn_spans) for t in trajs) == len(recorded)  # one generation per turn, none lost

@@ -59,7 +59,7 @@ def counting(dense):
 def test_default_is_agentic_and_identical_to_an_explicit_agentic_env(bundled):
     _, train, _ = bundled
     default, explicit = SearchQAEnv(), SearchQAEnv(retrieval="agentic")
-    assert default.retrieval == "agentic" and default.stop_strings == ("</search>", "</answer>")
+    assert default.retrieval == "agentic" and default.stop_strings == ("</search>",)  # then cut: issue 26
     q = train[2]
     actions = [f"<think>t</think><search>{q['question']}</search>", "no tags", f"<answer>{q['answers'][0]}</answer>"]
     obs_d, _ = default.reset(seed=0, options={"task_index": 2})

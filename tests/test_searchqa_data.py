@@ -316,7 +316,9 @@ def test_search_r1_parquet_round_trip(tmp_path, small):
     assert r["extra_info"]["split"] == "train" and r["extra_info"]["index"] == 3
     path = save_search_r1_parquet(rows, tmp_path / "train.parquet")
     back = load_search_r1_parquet(path)
-    assert back == [{**q, "data_source": "searchqa"} for q in train[:80]]
+    # rows keep the file's prompt; "agentgym" marks rows we wrote (SearchQAEnv(prompt="auto") rebuilds theirs)
+    assert back == [{**q, "data_source": "searchqa", "schema": "agentgym",
+                     "prompt": [{"role": "user", "content": stand_in_prompt(q["question"])}]} for q in train[:80]]
     import pandas as pd   # verl reads these files through pandas / datasets
     df = pd.read_parquet(path)
     assert list(df["prompt"][0][0].keys()) == ["role", "content"]

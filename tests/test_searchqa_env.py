@@ -156,7 +156,9 @@ def test_reset_observation_is_one_user_message_holding_the_prompt(bundled):
     obs, info = env.reset(seed=0, options={"task_index": 3})
     assert obs == [{"role": "user", "content": REFERENCE_PREFIX + train[3]["question"].strip().rstrip("?") + "?\n"}]
     assert env.observation_style == "continuation"
-    assert env.stop_strings == ("</search>", "</answer>")  # cut after </search>, else after </answer>
+    # Search-R1 generates on and cuts after the first </search>, else the first </answer>: only </search>
+    # can stop generation without changing the text; the rest is cut by the rollout (cut_after) and step()
+    assert env.stop_strings == ("</search>",) and env.cut_after == ("</search>", "</answer>")
     # POMDP: gold answers and gold passages are privileged, never in the observation.
     assert info["privileged"]["task"]["answers"] == train[3]["answers"]
     assert "gold_doc_ids" not in json.dumps(obs)
@@ -172,8 +174,11 @@ def test_reset_observation_is_one_user_message_holding_the_prompt(bundled):
     ("<think>hmm</think>\n<search>  padded query \n</search>", "search", "padded query"),  # content stripped
     ("<search>two\nlines</search>", "search", "two\nlines"),                  # DOTALL
     ("<search>q<answer>a</answer></search>", "search", "q<answer>a</answer>"),
-    # Search-R1 extract_solution: the answer is the LAST <answer> of the response.
-    ("<answer>first</answer> then <answer> second </answer>", "answer", "second"),
+    # Search-R1 postprocess_predictions: the first match is the action, so the FIRST answer ends the episode
+    # (its reward, qa_em, re-reads the whole sequence: scorer="qa_em", tests/test_search_r1_files.py)
+    ("<answer>first</answer> then <answer> second </answer>", "answer", "first"),
+    # the cut: a </search> anywhere keeps the text up to it, so an answer nested in a search is the query
+    ("<search>q <answer>a</answer> r</search>", "search", "q <answer>a</answer> r"),
     # no match → invalid action
     ("no tags at all", "invalid", None),
     ("<search>q</answer>", "invalid", None),
@@ -214,12 +219,15 @@ ACTIONS = st.lists(_SEGMENT, max_size=6).map("".join)
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ACTIONS)
 def test_action_rule_matches_the_reference_regex(bm25, action):
-    # Search-R1: action = first match of <(search|answer)>(.*?)</\1> (DOTALL), content stripped;
-    # the answer = content of the last <answer>...</answer> match (DOTALL), stripped.
+    # Search-R1: the response is cut after the first </search> if any, else after the first </answer>
+    # (_postprocess_responses); action = first match of <(search|answer)>(.*?)</\1> (DOTALL) in the cut
+    # text, content stripped; an answer action's content is the episode's answer.
     env = SearchQAEnv(retriever=bm25)
     env.reset(seed=0, options={"task_index": 0})
     obs, reward, terminated, truncated, info = env.step(action)
-    m = re.search(r"<(search|answer)>(.*?)</\1>", action, flags=re.DOTALL)
+    cut = (action.split("</search>")[0] + "</search>" if "</search>" in action
+           else action.split("</answer>")[0] + "</answer>" if "</answer>" in action else action)
+    m = re.search(r"<(search|answer)>(.*?)</\1>", cut, flags=re.DOTALL)
     if m is None:
         assert info["action_type"] == "invalid" and obs[0]["content"] == REFERENCE_INVALID
     elif m.group(1) == "search":
@@ -227,7 +235,7 @@ def test_action_rule_matches_the_reference_regex(bm25, action):
         assert obs[0]["content"].startswith("\n\n<information>") and obs[0]["content"].endswith("</information>\n\n")
     else:
         assert info["action_type"] == "answer" and terminated
-        assert info["answer"] == re.findall(r"<answer>(.*?)</answer>", action, flags=re.DOTALL)[-1].strip()
+        assert info["answer"] == m.group(2).strip()
 
 
 def test_invalid_action_message_and_penalty():
@@ -364,13 +372,14 @@ def test_normalize_answer_goldens():
     assert normalize_answer("an a the") == ""
 
 
-def test_env_reward_is_exact_match_of_the_last_answer():
-    # Search-R1: EM of the last <answer> of the response against any gold answer.
+def test_env_reward_is_exact_match_of_the_answer_that_ended_the_episode():
+    # The default scorer "em": EM of the episode's answer (Search-R1's action: the first <answer> of the
+    # cut response) against any gold answer. Search-R1's whole-sequence qa_em is scorer="qa_em".
     env = SearchQAEnv()
     task = {"question": "Which tower?", "answers": ["The Eiffel Tower", "Tour Eiffel"]}
     for action, em in [("<answer>  the EIFFEL tower!! </answer>", 1.0),
-                       ("<answer>wrong</answer> on second thought <answer>tour eiffel</answer>", 1.0),
-                       ("<answer>tour eiffel</answer> on second thought <answer>wrong</answer>", 0.0),
+                       ("<answer>wrong</answer> on second thought <answer>tour eiffel</answer>", 0.0),
+                       ("<answer>tour eiffel</answer> on second thought <answer>wrong</answer>", 1.0),
                        ("<answer>Eiffel</answer>", 0.0)]:
         env.reset(seed=0, options={"task": task})
         *_, terminated, _, info = env.step(action)
@@ -423,10 +432,10 @@ def test_opt_in_weights_change_the_reward_as_computed_by_hand(city_task):
                                                       for k, v in info["raw_reward_terms"].items()})
 
 
-def test_useless_search_costs_without_bonus(city_task):
-    env = SearchQAEnv(reward={"search_cost": 0.05, "useful_search": 0.1})
+def test_useless_search_costs_without_bonus(city_task, bm25):
+    env = SearchQAEnv(retriever=bm25, reward={"search_cost": 0.05, "useful_search": 0.1})
     env.reset(seed=0, options={"task": city_task})
-    *_, info = env.step("<search></search>")  # an empty query retrieves nothing
+    *_, info = env.step("<search></search>")  # an empty query is searched; BM25 finds no terms in it
     assert info["raw_reward_terms"]["useful_search"] == 0.0 and info["reward_terms"]["search_cost"] == -0.05
     assert info["retrieved_text"] == "" and info["retrieved_ids"] == []
 
@@ -442,7 +451,8 @@ FORMAT_CASES = {
                                       "<think>t</think><answer>wrong</answer>"], 0.2 + 0.1),
     "wrong, valid, nothing retrieved": (["<think>t</think><answer>wrong</answer>"], 0.2),
     "wrong, invalid": (["<answer>wrong</answer>"], 0.1),
-    "wrong, wrote information": (["<think>t</think><search>{q}</search><information>x</information>",
+    # (written before the search: text after </search> is cut away, as in Search-R1, and never judged)
+    "wrong, wrote information": (["<think>t</think><information>x</information><search>{q}</search>",
                                   "<think>t</think><answer>wrong</answer>"], 0.1),
     "never answered": (["<think>t</think><search>{q}</search>"] * 5, 0.1),
 }
@@ -654,13 +664,13 @@ def test_remote_retrieval_gives_identical_observations(retrieval_server, bundled
             assert ro == lo and (rr, rt, rtr) == (lr, lt, ltr)
             assert ri.get("retrieved_ids") == li.get("retrieved_ids")
         assert ri["episode_summary"]["success"]
-    # the remote env really went over HTTP: two non-blank searches per episode (a blank query is
-    # answered with no passages by the client itself, as in-process). The worker counts a batch just
-    # after answering it, so allow it a moment.
+    # the remote env really went over HTTP: three searches per episode (the blank query is posted as "",
+    # as Search-R1's client does, and searched). The worker counts a batch just after answering it, so
+    # allow it a moment.
     deadline = time.monotonic() + 10
-    while server.app.state.worker.requests < 6 and time.monotonic() < deadline:
+    while server.app.state.worker.requests < 9 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert server.app.state.worker.requests == 6
+    assert server.app.state.worker.requests == 9
 
 
 # ============================================================================= observation masking

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agentgym.algorithms.dpo import DPORunConfig, TokenPreferenceCollator, build_dpo_trainer
-from agentgym.algorithms.offline_data import (CollectConfig, collect_trajectories, offline_rollout, dpo_dataset,
+from agentgym.algorithms.offline.dpo import DPORunConfig, TokenPreferenceCollator, build_dpo_trainer
+from agentgym.algorithms.offline.data import (CollectConfig, collect_trajectories, offline_rollout, dpo_dataset,
                                               dpo_example, preference_pairs, sft_dataset, source_policy, successful)
-from agentgym.algorithms.sft import SFTRunConfig, build_sft_trainer, run_sft
+from agentgym.algorithms.offline.sft import SFTRunConfig, build_sft_trainer, run_sft
 from agentgym.cli import main
 from agentgym.config import load_config
 from agentgym.policies.scripted import ScriptedPolicy

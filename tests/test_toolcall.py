@@ -1,4 +1,4 @@
-"""ToolCall-v0 specifics (envs/toolcall.py): tasks, the SQLite backend, every reward term, the oracle.
+"""ToolCall-v0 specifics (envs/toolcall/): tasks, the SQLite backend, every reward term, the oracle.
 
 The env is registered here the way a user registers theirs (guarded, so a built-in registration wins);
 run this module before ``tests/test_envs_registry.py`` on one command line and the registry-wide

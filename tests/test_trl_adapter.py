@@ -24,7 +24,7 @@ trl = pytest.importorskip("trl")
 
 from fixtures_llm import assert_faithful, cached_tokenizer, one_torch_thread  # noqa: E402,F401 (autouse fixture)
 
-from agentgym.algorithms.trl_adapter import (EnvRollout, episode_reward, make_task_dataset,  # noqa: E402
+from agentgym.algorithms.offline.trl_adapter import (EnvRollout, episode_reward, make_task_dataset,  # noqa: E402
                                              prompt_key, train_with_trl)
 from agentgym.policies.transformers_policy import TransformersPolicy  # noqa: E402
 

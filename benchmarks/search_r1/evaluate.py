@@ -13,6 +13,12 @@ retriever, and reports EM per dataset, as Search-R1's tables do (``docs/search_r
 policy: a check of the data and retriever plumbing). Trainer checkpoints hold weights only, so pass
 the base model as ``--tokenizer``. ``--retrieval none|rag`` evaluates the no-search and RAG baselines
 (one generation per question).
+
+Search-R1's own files work as they are: its parquets (``nq_search.py`` and the ``qa_search_*_merge.py``
+scripts; the baselines' ``nq.py`` and ``nq_rag.py``) give their ``prompt`` column to the model verbatim
+(``--prompt auto``, the default), and ``--retriever`` may be its ``e5_Flat.index`` with ``--corpus`` (its
+wiki-18 jsonl) and ``--encoder`` (default intfloat/e5-base-v2). ``--scorer qa_em`` scores as Search-R1's
+``qa_em.py`` does (whole sequence); the default ``em`` scores the answer the episode ended with.
 """
 
 from __future__ import annotations
@@ -39,8 +45,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokenizer", default=None, help="default: --model (trainer checkpoints: the base model)")
     p.add_argument("--questions", required=True, help="Search-R1 test.parquet")
     p.add_argument("--retriever", default="http://127.0.0.1:8000",
-                   help="retrieval server URL, index directory, or dense|bm25 with --corpus")
-    p.add_argument("--corpus", default=None, help="corpus jsonl (only for an in-process dense|bm25 retriever)")
+                   help="retrieval server URL, index directory, a Search-R1 faiss file (*.index) with --corpus, "
+                        "or dense|bm25 with --corpus")
+    p.add_argument("--corpus", default=None, help="corpus jsonl (for dense|bm25, or the one a *.index was built from)")
+    p.add_argument("--encoder", default="intfloat/e5-base-v2",
+                   help="query encoder of a Search-R1 *.index (mean pooling, 'query: ' prefix, 256 tokens)")
+    p.add_argument("--prompt", choices=["auto", "parquet", "template"], default="auto",
+                   help="auto: a Search-R1-made parquet's prompt column as is, else the built template")
+    p.add_argument("--scorer", choices=["em", "subem", "qa_em", "qa_subem"], default="em",
+                   help="em: the answer the episode ended with; qa_em: Search-R1's whole-sequence qa_em.py")
     p.add_argument("--datasets", default=None, help="comma-separated data_source values (default: all in the file)")
     p.add_argument("--limit", type=int, default=None, help="first N questions per dataset (smoke runs)")
     p.add_argument("--retrieval", choices=["agentic", "none", "rag"], default="agentic")
@@ -81,23 +94,39 @@ def select_rows(rows: list[dict], datasets: Sequence[str] | None, limit: int | N
     return {d: by_source[d][:limit] for d in wanted}
 
 
+def env_kwargs_for(args: argparse.Namespace, rows: list[dict]) -> dict[str, Any]:
+    """``SearchQAEnv`` arguments for these settings and question rows."""
+    from agentgym.envs.searchqa.data import load_corpus_jsonl
+
+    retriever: Any = args.retriever
+    corpus = None
+    if str(args.retriever).endswith(".index"):  # a faiss file built by Search-R1: it needs its corpus and encoder
+        if not args.corpus:
+            raise SystemExit(f"error: --retriever {args.retriever} is a Search-R1 faiss file: give its corpus "
+                             "jsonl with --corpus")
+        retriever = {"index": args.retriever, "corpus": args.corpus, "model": args.encoder}
+    elif args.corpus:
+        corpus = load_corpus_jsonl(args.corpus)
+    data: dict[str, Any] = {"questions": rows, **({"corpus": corpus} if corpus is not None else {})}
+    env_kwargs: dict[str, Any] = dict(protocol="search_r1", retrieval=args.retrieval, retriever=retriever,
+                                      topk=args.topk, data=data, prompt=args.prompt, scorer=args.scorer)
+    if args.retrieval == "agentic":
+        env_kwargs.update(max_turns=args.max_turns, forced_answer=True)
+    else:  # Search-R1's baselines: one generation
+        env_kwargs.update(max_turns=1, forced_answer=False)
+    return env_kwargs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from agentgym.envs.searchqa.data import load_corpus_jsonl, load_search_r1_parquet
+    from agentgym.envs.searchqa.data import load_search_r1_parquet
     from agentgym.envs.searchqa.env import SearchQAEnv
     from agentgym.policy import SamplingParams
     from agentgym.rollout import RolloutConfig, RolloutEngine
 
     rows = load_search_r1_parquet(args.questions)
     plan = select_rows(rows, args.datasets.split(",") if args.datasets else None, args.limit)
-    corpus = load_corpus_jsonl(args.corpus) if args.corpus else None
-    data: dict[str, Any] = {"questions": rows, **({"corpus": corpus} if corpus is not None else {})}
-    env_kwargs: dict[str, Any] = dict(protocol="search_r1", retrieval=args.retrieval, retriever=args.retriever,
-                                      topk=args.topk, data=data)
-    if args.retrieval == "agentic":
-        env_kwargs.update(max_turns=args.max_turns, forced_answer=True)
-    else:  # Search-R1's baselines: one generation
-        env_kwargs.update(max_turns=1, forced_answer=False)
+    env_kwargs = env_kwargs_for(args, rows)
 
     def make_env() -> SearchQAEnv:
         return SearchQAEnv(**env_kwargs)

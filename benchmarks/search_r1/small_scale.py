@@ -187,7 +187,7 @@ def evaluate(policy: Any, cfg: Any, indices: list[int], retrieval: str, label: s
 
 
 def run_sft(args: argparse.Namespace, cfg: Any, runs_dir: Path) -> tuple[dict, Any]:
-    from agentgym.algorithms.sft import OptimSettings, SFTData, SFTRunConfig, run_sft as _run_sft
+    from agentgym.algorithms.offline.sft import SFTData, SFTRunConfig, TrainerOptimConfig as OptimSettings, run_sft as _run_sft
     sft_cfg = SFTRunConfig(env=cfg.env, env_kwargs=dict(cfg.env_kwargs), model=cfg.model,
                            data=SFTData(source="oracle", episodes=args.sft_episodes, seed=0),
                            rollout=cfg.rollout,   # the RL runs' token layout

@@ -79,24 +79,34 @@ def run_tests_batch(sandbox: Any, jobs: Sequence[tuple[Mapping[str, Any], str]],
     a wrong program fails) costs seconds instead of one sandbox start per problem. ``details=False``
     reports only each test's status (the report must fit the sandbox's output cap).
     """
+    size = max(1, jobs_per_run)
+    chunks = [jobs[k:k + size] for k in range(0, len(jobs), size)]
+    specs = [{"code": _chunk_code(chunk, test_time_limit_s=test_time_limit_s, time_limit_s=time_limit_s,
+                                  max_error_chars=max_error_chars, max_output_chars=max_output_chars, details=details),
+              "time_limit_s": time_limit_s * len(chunk) + 10.0, "memory_mb": memory_mb} for chunk in chunks]
+    # one call for every chunk: a warm sandbox runs them back to back in one runner (one round trip)
+    run_batch = getattr(sandbox, "run_batch", None)
+    results = run_batch(specs) if callable(run_batch) else [sandbox.run(**spec) for spec in specs]
     reports: list[dict[str, Any]] = []
-    for k in range(0, len(jobs), max(1, jobs_per_run)):
-        chunk = jobs[k:k + max(1, jobs_per_run)]
-        reports += _run_chunk(sandbox, chunk, test_time_limit_s=test_time_limit_s, time_limit_s=time_limit_s,
-                              memory_mb=memory_mb, max_error_chars=max_error_chars,
-                              max_output_chars=max_output_chars, details=details)
+    for chunk, res in zip(chunks, results):
+        reports += _read_chunk(res, chunk, time_limit_s=time_limit_s, memory_mb=memory_mb,
+                               max_error_chars=max_error_chars)
     return reports
 
 
-def _run_chunk(sandbox: Any, jobs: Sequence[tuple[Mapping[str, Any], str]], *, test_time_limit_s: float,
-               time_limit_s: float, memory_mb: int, max_error_chars: int, max_output_chars: int,
-               details: bool) -> list[dict[str, Any]]:
+def _chunk_code(jobs: Sequence[tuple[Mapping[str, Any], str]], *, test_time_limit_s: float, time_limit_s: float,
+                max_error_chars: int, max_output_chars: int, details: bool) -> str:
+    """The harness program grading ``jobs`` (solution + tests pairs) in one sandbox run."""
     payload = {"jobs": [{"solution": sol, "tests": list(p["tests"]), "setup": p.get("setup", "")} for p, sol in jobs],
                "test_time_limit_s": test_time_limit_s, "total_time_limit_s": time_limit_s,
                "max_error_chars": max_error_chars, "max_output_chars": max_output_chars, "max_output_bytes": 1 << 20,
                "details": details}
-    code = f"PAYLOAD = {json.dumps(json.dumps(payload, ensure_ascii=True))}\n" + _harness_source()
-    res = sandbox.run(code, time_limit_s=time_limit_s * len(jobs) + 10.0, memory_mb=memory_mb)
+    return f"PAYLOAD = {json.dumps(json.dumps(payload, ensure_ascii=True))}\n" + _harness_source()
+
+
+def _read_chunk(res: Any, jobs: Sequence[tuple[Mapping[str, Any], str]], *, time_limit_s: float, memory_mb: int,
+                max_error_chars: int) -> list[dict[str, Any]]:
+    """The per-job reports of one harness run (every test "not_run" with the reason when there is none)."""
     meta = {"duration_s": res.duration_s, "timed_out": res.timed_out, "oom": res.oom, "exit_code": res.exit_code,
             "backend": res.backend}
     report = None
@@ -266,7 +276,8 @@ class CodeExecEnv(AgentEnv):
                  time_limit_s: float = 20.0, memory_mb: int = 256, visible_tests: int | None = None,
                  reveal_hidden_tests: bool = False,
                  max_turns: int | None = None, max_action_chars: int = 16_384,
-                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None):
+                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
+                 group_reward: Any = None):
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         if reward_mode not in REWARD_MODES:
@@ -301,7 +312,7 @@ class CodeExecEnv(AgentEnv):
         self._attempts = 0
         self._last: dict[str, Any] | None = None
         super().__init__(reward=reward, max_turns=max_turns or max_attempts, max_action_chars=max_action_chars,
-                         render_mode=render_mode)
+                         render_mode=render_mode, group_reward=group_reward)
 
     @property
     def sandbox(self) -> Any:

@@ -184,7 +184,8 @@ class MathEnv(AgentEnv):
                  memory_mb: int = 256, max_output_chars: int = 2000, guess_step_ratio: float = 0.5,
                  repetition_tolerance: float = 0.3, length_budget: int = 4000, observation_style: str = "chat",
                  max_turns: int | None = None, max_action_chars: int = 16_384,
-                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None):
+                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
+                 group_reward: Any = None):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
         kinds = tuple(kinds)
@@ -221,7 +222,7 @@ class MathEnv(AgentEnv):
         if max_turns is None:
             max_turns = self.max_tool_calls + 2 if self.tools else 2
         super().__init__(reward=reward, max_turns=max_turns, max_action_chars=max_action_chars,
-                         render_mode=render_mode)
+                         render_mode=render_mode, group_reward=group_reward)
 
     def default_reward(self) -> Reward:
         terms: list[Any] = [(correct, 0.9), (think_format, 0.1), (InvalidActionPenalty(), 0.1)]

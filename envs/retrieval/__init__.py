@@ -18,6 +18,7 @@ from .synthetic import SyntheticQuestion, synthetic_corpus
 
 if TYPE_CHECKING:
     from .dense import DenseRetriever, default_model_path, shared_encoder
+    from .prebuilt import SearchR1IndexRetriever
     from .remote import RemoteRetriever
     from .server import DEFAULT_MAX_REQUEST_BYTES, BackgroundServer, ServerBindError, bind_socket, create_app, serve
     from .sparse import BM25Retriever
@@ -28,6 +29,7 @@ _LAZY = {
     "shared_encoder": ".dense",
     "BM25Retriever": ".sparse",
     "RemoteRetriever": ".remote",
+    "SearchR1IndexRetriever": ".prebuilt",
     "create_app": ".server",
     "serve": ".server",
     "BackgroundServer": ".server",

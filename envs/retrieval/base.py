@@ -143,7 +143,13 @@ def read_meta(path: PathLike) -> dict[str, Any]:
     """The meta of a saved index directory, checked to be ours."""
     meta_path = Path(path) / META_FILE
     if not meta_path.is_file():
-        raise FileNotFoundError(f"no retriever index at {path} (missing {META_FILE})")
+        hint = ""
+        faiss_files = sorted(Path(path).glob("*.index")) if Path(path).is_dir() else [Path(path)]
+        if faiss_files and (Path(path).is_dir() or Path(path).is_file()):
+            # a Search-R1 index (e.g. e5_Flat.index) has no meta: it needs its corpus and encoder named
+            hint = (f"; {faiss_files[0]} looks like a faiss file built by Search-R1: pass retriever="
+                    "{'index': <faiss file>, 'corpus': <corpus jsonl>, 'model': <encoder, e.g. intfloat/e5-base-v2>}")
+        raise FileNotFoundError(f"no retriever index at {path} (missing {META_FILE}){hint}")
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     if meta.get("format") != FORMAT:
         raise ValueError(f"{meta_path} has format {meta.get('format')!r}, expected {FORMAT!r}")
@@ -167,8 +173,10 @@ class Retriever(ABC):
     """Batched passage search.
 
     ``search`` is the template: it validates once, answers empty/whitespace queries with ``[]``
-    (an agent's empty ``<search></search>`` must not crash a rollout), and hands the rest to
-    ``_search_batch`` in one call so dense retrievers encode a whole batch at once. Wrong *types*
+    (an agent's empty ``<search></search>`` must not crash a rollout) unless ``search_empty=True``,
+    and hands the rest to ``_search_batch`` in one call so dense retrievers encode a whole batch at
+    once. ``search_empty=True`` passes empty queries on as they are: what Search-R1's client does
+    (it posts ``""`` and its e5 server returns the passages nearest to ``"query: "``). Wrong *types*
     or ``topk <= 0`` are programming errors and raise.
     """
 
@@ -187,7 +195,7 @@ class Retriever(ABC):
         """Small JSON-able summary for ``/health`` and logs."""
         return {"kind": self.kind, "num_docs": self.num_docs}
 
-    def search(self, queries: Sequence[str], topk: int = DEFAULT_TOPK) -> list[list[Hit]]:
+    def search(self, queries: Sequence[str], topk: int = DEFAULT_TOPK, *, search_empty: bool = False) -> list[list[Hit]]:
         if isinstance(queries, str):
             raise TypeError("search() takes a list of queries; use search_one() for a single string")
         check_topk(topk)
@@ -196,7 +204,7 @@ class Retriever(ABC):
             if not isinstance(q, str):
                 raise TypeError(f"queries must be strings, got {type(q).__name__}")
         results: list[list[Hit]] = [[] for _ in queries]
-        live = [i for i, q in enumerate(queries) if q.strip()]
+        live = [i for i, q in enumerate(queries) if search_empty or q.strip()]
         if live:
             found = self._search_batch([queries[i] for i in live], topk)
             if len(found) != len(live):

@@ -16,8 +16,8 @@ Differences from Search-R1, all on invalid input (which Search-R1 answers with a
 ``queries`` must be a non-empty list of strings of at most ``max_queries`` items; ``topk`` must be
 an int in ``[1, max_topk]`` (Search-R1 treats 0 as "default"; we reject it). Violations get HTTP
 422 with FastAPI's ``detail`` naming the field; a body that is not JSON gets 422 too. Empty or
-blank query strings are valid and get ``[]``, as in ``Retriever.search`` (Search-R1 would embed
-the empty string and return its nearest passages).
+blank query strings are valid and searched as they are, as Search-R1's server does (a dense index
+embeds the empty string and returns its nearest passages; BM25 finds no terms and returns ``[]``).
 
 Limits. A request body larger than ``max_request_bytes`` (default 1 MiB: a few thousand queries)
 gets HTTP 413 ``{"detail": ...}`` and never reaches the worker, so one huge request cannot hold it
@@ -288,7 +288,8 @@ class BatchingWorker:
         for topk, group in by_topk.items():
             queries = [q for job in group for q in job.queries]
             try:
-                results = self.retriever.search(queries, topk)
+                # empty queries are searched as they are, as Search-R1's server does (it embeds "")
+                results = self.retriever.search(queries, topk, search_empty=True)
             except Exception as e:  # reported to each waiting request as a 500
                 logger.exception("retrieval failed for a batch of %d queries", len(queries))
                 for job in group:

@@ -23,19 +23,27 @@ def get_retriever(spec: Any, corpus: Sequence[Mapping[str, str]] | None, corpus_
     An object with ``search`` is used as is; ``"dense"`` / ``"bm25"`` build an in-process index over
     ``corpus`` (cached under ``(spec, corpus_key)``: envs over the same corpus pass the same key);
     ``"http://…"`` is a Search-R1 retrieval server; any other string is an index directory written by
-    ``agentgym retriever build-index``.
+    ``agentgym retriever build-index``; a mapping ``{"index", "corpus", "model", ...}`` is a faiss file
+    built by Search-R1 (``e5_Flat.index``) with its corpus (:mod:`.prebuilt`).
     """
     if hasattr(spec, "search"):
         return spec
-    key = (spec, corpus_key)
+    key = (_hashable(spec), corpus_key)
     with _LOCK:
         if key not in _RETRIEVERS:
             _RETRIEVERS[key] = _build(spec, corpus)
         return _RETRIEVERS[key]
 
 
+def _hashable(spec: Any) -> Hashable:
+    return tuple(sorted((str(k), str(v)) for k, v in spec.items())) if isinstance(spec, Mapping) else spec
+
+
 def _build(spec: Any, corpus: Sequence[Mapping[str, str]] | None) -> Any:
     from . import BM25Retriever, DenseRetriever, RemoteRetriever, load_retriever
+    if isinstance(spec, Mapping):
+        from .prebuilt import from_spec
+        return from_spec(spec)
     if spec in ("dense", "bm25"):
         if corpus is None:
             raise ValueError(f"retriever={spec!r} needs a corpus")
@@ -44,5 +52,6 @@ def _build(spec: Any, corpus: Sequence[Mapping[str, str]] | None) -> Any:
         return RemoteRetriever(spec)
     if isinstance(spec, str):
         return load_retriever(spec)
-    raise ValueError(f"retriever must be 'dense', 'bm25', a URL, an index directory or an object with search(); "
+    raise ValueError(f"retriever must be 'dense', 'bm25', a URL, an index directory, a mapping naming a Search-R1 "
+                     f"faiss file ({{'index': ..., 'corpus': ..., 'model': ...}}) or an object with search(); "
                      f"got {spec!r}")

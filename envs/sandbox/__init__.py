@@ -25,7 +25,7 @@ __all__ = [
     "ALLOW_UNSAFE_ENV_VAR", "BACKENDS", "DEFAULT_IMAGE", "DEFAULT_MAX_OUTPUT_BYTES",
     "ISOLATING_BACKENDS", "PROGRAM_NAME", "SANDBOX_SPECS", "BwrapSandbox", "DockerSandbox",
     "ExecResult", "ImageBuildError", "Sandbox", "SandboxError", "SandboxRefusedError",
-    "SubprocessSandbox", "available_backends", "best_sandbox", "build_image", "default_backend",
+    "SubprocessSandbox", "WarmBwrapSandbox", "WarmDockerSandbox", "available_backends", "best_sandbox", "build_image", "default_backend",
     "make_sandbox", "resolve_sandbox", "sandbox_backend_name", "select_backend", "unsafe_allowed",
 ]
 
@@ -34,6 +34,12 @@ def __getattr__(name: str):  # lazy backend classes: no docker import unless ask
     if name == "DockerSandbox":
         from .docker_sandbox import DockerSandbox
         return DockerSandbox
+    if name == "WarmDockerSandbox":
+        from .docker_warm import WarmDockerSandbox
+        return WarmDockerSandbox
+    if name == "WarmBwrapSandbox":
+        from .bwrap_warm import WarmBwrapSandbox
+        return WarmBwrapSandbox
     if name == "BwrapSandbox":
         from .bwrap_sandbox import BwrapSandbox
         return BwrapSandbox

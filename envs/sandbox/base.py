@@ -20,7 +20,7 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from agentgym.errors import InfraError
 
@@ -122,6 +122,17 @@ def make_job(code: str, stdin: str | bytes, files: Mapping[str, str | bytes] | N
                argv=tuple(str(a) for a in argv), reserved_names=frozenset(taken))
 
 
+BATCH_KEYS = frozenset({"code", "stdin", "files", "time_limit_s", "memory_mb", "argv"})
+
+
+def batch_job_kwargs(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Check one ``run_batch`` job mapping: ``code`` and only :meth:`Sandbox.run`'s arguments."""
+    if not isinstance(spec, Mapping) or "code" not in spec or set(spec) - BATCH_KEYS:
+        keys = sorted(spec) if isinstance(spec, Mapping) else type(spec).__name__
+        raise ValueError(f"a batch job needs 'code' and may have {sorted(BATCH_KEYS)}; got {keys}")
+    return dict(spec)
+
+
 class OutputCollector:
     """Keeps the first ``cap`` bytes of stdout+stderr (together) and notes any overflow."""
 
@@ -193,6 +204,16 @@ class Sandbox(abc.ABC):
                 return self._execute(job)
             except SandboxError as second:
                 raise SandboxError(f"{self.name} sandbox failed twice: {second}") from second
+
+    def run_batch(self, jobs: Sequence[Mapping[str, Any]]) -> list[ExecResult]:
+        """Run several programs (e.g. the test programs of one candidate), one result each.
+
+        Each job is a mapping of :meth:`run`'s arguments (``code`` required; ``stdin``,
+        ``files``, ``time_limit_s``, ``memory_mb``, ``argv``), so each has its own limits and
+        its own fresh work dir. Warm backends send the whole batch to one runner in one round
+        trip; this default runs them one after the other.
+        """
+        return [self.run(**batch_job_kwargs(spec)) for spec in jobs]
 
     def close(self) -> None:
         """Release every resource (containers, threads). Idempotent."""

@@ -120,18 +120,24 @@ class BwrapSandbox(Sandbox):
                 args += ["--ro-bind", base, base]
         return args
 
-    def command(self, job: Job, file_fds: dict[str, int], status_fd: int) -> list[str]:
-        """The full bwrap command line for ``job`` (public for inspection and docs)."""
+    def namespace_args(self, *, as_pid_1: bool = False) -> list[str]:
+        """bwrap's namespaces, identity and mounts (shared by the per-job and the warm backend)."""
         size = str(self.work_dir_mb * MiB)
         sized = (lambda: ["--size", size]) if "--size" in self._options else (lambda: [])
         args = [self.bwrap, "--unshare-all", "--unshare-user", "--die-with-parent",
                 "--new-session", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
                 "--hostname", "sandbox", "--cap-drop", "ALL"]
+        if as_pid_1:
+            args.append("--as-pid-1")
         if "--disable-userns" in self._options:
             args.append("--disable-userns")
         args += self._mounts()
-        args += ["--proc", "/proc", "--dev", "/dev",
-                 *sized(), "--tmpfs", "/tmp", *sized(), "--tmpfs", WORK_DIR]
+        return args + ["--proc", "/proc", "--dev", "/dev",
+                       *sized(), "--tmpfs", "/tmp", *sized(), "--tmpfs", WORK_DIR]
+
+    def command(self, job: Job, file_fds: dict[str, int], status_fd: int) -> list[str]:
+        """The full bwrap command line for ``job`` (public for inspection and docs)."""
+        args = self.namespace_args()
         for rel, fd in file_fds.items():
             args += ["--perms", "0644", "--file", str(fd), f"{WORK_DIR}/{rel}"]
         args += ["--chdir", WORK_DIR, "--clearenv",

@@ -255,6 +255,31 @@ class _ContainerPool:
                 return left
 
 
+def ping(client: Any) -> None:
+    """Before a retry: the daemon still answers, or SandboxError."""
+    try:
+        client.ping()
+    except Exception as e:  # noqa: BLE001
+        raise SandboxError(f"Docker daemon not reachable ({e})") from e
+
+
+def reap_stale(client: Any) -> None:
+    """Remove sandbox containers left by dead processes on this host (crash, SIGKILL)."""
+    host = socket.gethostname()
+    try:
+        stale = client.containers.list(all=True, filters={"label": LABEL})
+    except _docker_errors():
+        return
+    for c in stale:
+        owner = c.labels.get(OWNER_LABEL, "")
+        h, _, pid = owner.rpartition(":")
+        if h == host and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                c.remove(force=True)
+            except _docker_errors():
+                pass
+
+
 def _remove_ids(client: Any, ids: set[str]) -> None:
     """Finaliser: remove whatever containers a forgotten sandbox still owns."""
     for cid in list(ids):
@@ -344,20 +369,7 @@ class DockerSandbox(Sandbox):
         return container
 
     def _reap_stale(self) -> None:
-        """Remove containers left by dead processes on this host (crash, SIGKILL)."""
-        host = socket.gethostname()
-        try:
-            stale = self._client.containers.list(all=True, filters={"label": LABEL})
-        except _docker_errors():
-            return
-        for c in stale:
-            owner = c.labels.get(OWNER_LABEL, "")
-            h, _, pid = owner.rpartition(":")
-            if h == host and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-                try:
-                    c.remove(force=True)
-                except _docker_errors():
-                    pass
+        reap_stale(self._client)
 
     # -- running ------------------------------------------------------------------------
     def _reserved_names(self) -> tuple[str, ...]:
@@ -461,10 +473,7 @@ class DockerSandbox(Sandbox):
             return None
 
     def _recover(self, error: SandboxError) -> None:
-        try:
-            self._client.ping()
-        except Exception as e:  # noqa: BLE001
-            raise SandboxError(f"Docker daemon not reachable ({e})") from e
+        ping(self._client)
 
     def close(self) -> None:
         if self._closed:

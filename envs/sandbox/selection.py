@@ -1,6 +1,7 @@
 """Pick a sandbox backend, share it, and refuse to run code when nothing isolates it.
 
-Order of strength: ``docker`` (cgroups, seccomp, read-only image, single-use containers) >
+Order of strength: ``docker`` (cgroups, seccomp, read-only image, containers verified clean
+between jobs) >
 ``bwrap`` (namespaces + rlimits) > ``subprocess`` (rlimits only: **not a security boundary**).
 
 Fail closed. Model-written code is untrusted, so the default (``"auto"``) considers only the two
@@ -19,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .base import DEFAULT_MAX_OUTPUT_BYTES, Sandbox, SandboxError
 from .image import DEFAULT_IMAGE
@@ -230,17 +231,28 @@ def default_backend(image: str = DEFAULT_IMAGE) -> tuple[str | None, dict[str, s
 
 def make_sandbox(backend: str, *, max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
                  image: str = DEFAULT_IMAGE, pool_size: int = 2, allow_unsafe: bool = False,
-                 **options: Any) -> Sandbox:
+                 warm: bool = True, **options: Any) -> Sandbox:
     """Construct one named backend (``options`` go to its constructor).
 
-    ``"subprocess"`` needs the opt-in (``allow_unsafe=True`` or the environment variable).
+    ``warm=True`` (the default): docker and bwrap keep long-lived sandboxes that run job after
+    job and are verified clean between jobs (``warm.py``, ``runner.py``); ``warm=False``: the
+    older one-container / one-bwrap-per-job backends. ``"subprocess"`` needs the opt-in
+    (``allow_unsafe=True`` or the environment variable).
     """
     unsafe_allowed(allow_unsafe)
     if backend == "docker":
+        if warm:
+            from .docker_warm import WarmDockerSandbox
+            return WarmDockerSandbox(image, pool_size=pool_size, max_output_bytes=max_output_bytes,
+                                     **options)
         from .docker_sandbox import DockerSandbox
         return DockerSandbox(image, pool_size=pool_size, max_output_bytes=max_output_bytes,
                              **options)
     if backend == "bwrap":
+        if warm:
+            from .bwrap_warm import WarmBwrapSandbox
+            return WarmBwrapSandbox(pool_size=pool_size, max_output_bytes=max_output_bytes,
+                                    **options)
         from .bwrap_sandbox import BwrapSandbox
         return BwrapSandbox(max_output_bytes=max_output_bytes, **options)
     if backend == "subprocess":
@@ -288,6 +300,18 @@ def best_sandbox(prefer: Sequence[str] | str | None = None, *,
 
 # --------------------------------------------------------------------------- shared sandboxes
 _SHARED: dict[tuple[Any, ...], Sandbox] = {}
+#: When set (``set_sandbox_provider``), named specs resolve through it instead of starting a
+#: sandbox in this process: e.g. env actors use their node's one sandbox service (ray_envs.py).
+_PROVIDER: list[Callable[[str, bool], Any]] = []
+
+
+def set_sandbox_provider(provider: Callable[[str, bool], Any] | None) -> None:
+    """Make :func:`resolve_sandbox` return ``provider(spec, allow_unsafe)`` for named specs (cached
+    per spec and opt-in) instead of a sandbox of this process; ``None`` restores the default."""
+    with _LOCK:
+        _PROVIDER[:] = [provider] if provider is not None else []
+        for key in [k for k in _SHARED if k and k[0] == "provided"]:
+            del _SHARED[key]
 
 
 def _check_spec(spec: Any) -> None:
@@ -321,6 +345,11 @@ def resolve_sandbox(spec: Any = "auto", *, allow_unsafe: bool = False) -> Any:
         return spec
     prefer = preference(spec)
     with _LOCK:
+        if _PROVIDER:
+            key = ("provided", spec, allow_unsafe)
+            if key not in _SHARED:
+                _SHARED[key] = _PROVIDER[0](spec, allow_unsafe)
+            return _SHARED[key]
         backend = select_backend(prefer, allow_unsafe=allow_unsafe)
         key = (backend, *(os.environ.get(v) for v in _PROBE_ENV))
         shared = _SHARED.get(key)

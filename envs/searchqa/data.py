@@ -186,19 +186,32 @@ def save_search_r1_parquet(rows: Sequence[Mapping[str, Any]], path: PathLike) ->
 
 
 def _question_from_prompt(content: str) -> str:
-    marker = "Question: "
-    at = content.rfind(marker)
-    return (content[at + len(marker):] if at >= 0 else content).strip()
+    # Search-R1's templates (scripts/data_process/nq_search.py, nq.py) end with "Question: <q>\n";
+    # nq_rag.py's follows the question with " Context: <passages> \n", and passages may hold anything,
+    # so the text is first cut at the first " Context: " after a "Question: ", then the last
+    # "Question: " of what is left starts the question (an instruction may mention the word).
+    marker, context = "Question: ", " Context: "
+    first = content.find(marker)
+    end = content.find(context, first) if first >= 0 else -1
+    head = content[:end] if end >= 0 else content
+    at = head.rfind(marker)
+    return (head[at + len(marker):] if at >= 0 else head).strip()
 
 
 def load_search_r1_parquet(path: PathLike) -> list[dict]:
     """Question rows from a Search-R1 parquet file (ours or a foreign one, e.g. Search-R1's nq_hotpotqa).
 
     The question comes from ``extra_info["question"]`` when present, else from the user prompt:
-    the text after the last ``"Question: "``, stripped (Search-R1's prompt ends with a newline).
+    the text after the last ``"Question: "``, stripped, ending before a ``" Context: "`` that follows
+    it (``nq_rag.py``'s rows put the passages there).
     Rows without our metadata get id ``<data_source>-<split>-<index>``, ``needs_search`` True, no
     gold passages, and a type/hop count from the data source (multi-hop for HotpotQA, 2Wiki,
     Musique, Bamboogle).
+
+    Every row keeps the file's ``prompt`` (the chat messages, as written) and ``schema``:
+    ``"agentgym"`` for rows we wrote (they carry ``extra_info.question``), ``"search_r1"`` for rows
+    written by Search-R1's scripts. ``SearchQAEnv(prompt="auto")`` feeds the latter's prompt to the
+    model as it is, as Search-R1's trainer does.
     """
     import pyarrow.parquet as pq
 
@@ -218,10 +231,9 @@ def load_search_r1_parquet(path: PathLike) -> list[dict]:
         except (KeyError, TypeError):
             raise DatasetFormatError(f"{path}: row {i} has no reward_model.ground_truth.target") from None
         answers = [str(target)] if isinstance(target, (str, int, float)) else [str(a) for a in target]
-        question = extra.get("question")
+        question, prompt = extra.get("question"), _prompt_messages(row.get("prompt"), path, i)
         if not question:
-            prompt = row.get("prompt") or []
-            users = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+            users = [m["content"] for m in prompt if m["role"] == "user"]
             if not users:
                 raise DatasetFormatError(f"{path}: row {i} has no user message in 'prompt'")
             question = _question_from_prompt(users[-1])
@@ -236,8 +248,20 @@ def load_search_r1_parquet(path: PathLike) -> list[dict]:
             "gold_doc_ids": [str(d) for d in (extra.get("gold_doc_ids") or [])],
             "hops": int(extra["hops"]) if extra.get("hops") is not None else _default_hops(source),
             "data_source": source,
+            "prompt": prompt,
+            "schema": "agentgym" if extra.get("question") else "search_r1",
         })
     return out
+
+
+def _prompt_messages(prompt: Any, path: Path, i: int) -> list[dict[str, str]]:
+    """The ``prompt`` column as a list of ``{"role", "content"}`` messages (Search-R1 writes one user message)."""
+    if prompt is None:
+        return []
+    if not isinstance(prompt, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt):
+        raise DatasetFormatError(f"{path}: row {i}: 'prompt' must be a list of {{'role', 'content'}} messages")
+    return [{"role": m["role"], "content": m["content"]} for m in prompt]
 
 
 # ----------------------------------------------------------------------------- FlashRAG → parquet

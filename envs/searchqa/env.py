@@ -19,14 +19,17 @@ import gymnasium as gym
 import numpy as np
 
 from agentgym import AgentEnv, Reward, Tool, ToolSet, Transition, shaper
-from agentgym.parsing import all_tag_contents, first_tag, last_tag_content, parse_tool_calls, tag_format_errors
-from agentgym.rewards import CallCost, ExactMatch, InvalidActionPenalty, StepEvent, TokenF1, exact_match, normalize_answer
+from agentgym.parsing import (
+    TagMatch, all_tag_contents, first_tag, last_tag_content, parse_tool_calls, tag_format_errors,
+)
+from agentgym.rewards import CallCost, InvalidActionPenalty, StepEvent, TokenF1, exact_match, normalize_answer
 from agentgym.envs.retrieval.base import format_passages
 from agentgym.envs.retrieval.shared import get_retriever
+from agentgym.envs.searchqa.scoring import SCORERS, SearchR1Score, score_search_r1, search_r1_action, search_r1_cut
 
 __all__ = ["SearchQAEnv", "SEARCH_R1_PROMPT", "SEARCH_R1_INVALID", "make_search_r1_prompt", "format_passages",
            "get_retriever", "MaskRetrievedTokens", "RETRIEVAL_MODES", "NO_SEARCH_PROMPT", "RAG_PROMPT",
-           "ANSWER_ONLY_INVALID"]
+           "ANSWER_ONLY_INVALID", "search_r1_cut", "search_r1_action", "SCORERS", "PROMPT_SOURCES", "score_search_r1"]
 
 # Search-R1 `make_prefix`, template "base" (scripts/data_process/nq_search.py): exact text, including
 # its own typo "as your want". The question follows "Question: " and one newline ends the prompt.
@@ -46,9 +49,11 @@ SEARCH_R1_INVALID = (
     "Let me try again.\n"
 )
 
-# Baselines (``retrieval="none"`` / ``"rag"``). Search-R1 compares against direct inference and one-shot
-# RAG; the reference does not give those baselines' prompts, so these are ours, worded like the
-# instruction above so that only the access to retrieval differs. {passages} is `format_passages`.
+# Baselines (``retrieval="none"`` / ``"rag"``) for question-only sources (the bundled world, our own
+# parquets). Search-R1's own baseline prompts are in its scripts/data_process/nq.py (direct answer) and
+# nq_rag.py (RAG, context after the question); their parquets carry them in the `prompt` column, which
+# `prompt="auto"` uses as is. These two are ours, worded like the instruction above so that only the
+# access to retrieval differs. {passages} is `format_passages`.
 NO_SEARCH_PROMPT = (
     "Answer the given question. You can reason inside <think> and </think> first. Then provide the answer "
     "inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
@@ -68,6 +73,9 @@ ANSWER_ONLY_INVALID = (
 #: ``agentic`` = Search-R1 (the policy searches when it decides to); ``none`` = answer without retrieval;
 #: ``rag`` = the top-k passages for the question are in the prompt, no search action.
 RETRIEVAL_MODES = ("agentic", "none", "rag")
+#: Where the first user message comes from: ``auto`` = the parquet's ``prompt`` column for rows written by
+#: Search-R1's scripts, else the built template; ``parquet`` = always the column; ``template`` = always built.
+PROMPT_SOURCES = ("auto", "parquet", "template")
 
 CHAT_SYSTEM_PROMPT = (
     "You answer questions about a world you do not know; a search engine over an encyclopedia of that world "
@@ -142,7 +150,8 @@ class SearchR1FormatReward:
         if not event.done:
             return 0.0
         correct_bad, wrong_good, wrong_bad, bonus = self.values
-        actions = [r.action for r in event.history] + [event.action]
+        # judged on the responses as Search-R1 keeps them (cut after the first </search>, else </answer>)
+        actions = [search_r1_cut(r.action) for r in event.history] + [search_r1_cut(event.action)]
         valid = search_r1_format_valid(actions)
         if exact_match(event.final_answer, event.gold):
             return 1.0 if valid else correct_bad
@@ -183,6 +192,17 @@ class SearchQAEnv(AgentEnv):
             ``RAG_PROMPT``). The baselines accept only ``<answer>``; anything else is invalid
             (``ANSWER_ONLY_INVALID``) until ``max_turns`` (use ``max_turns=1, forced_answer=False`` for one
             generation, as Search-R1's baselines).
+        prompt: ``"auto"`` (default): rows written by Search-R1's scripts (``nq_search.py``, ``nq.py``,
+            ``nq_rag.py``, the merge scripts) get their parquet ``prompt`` messages as they are, as
+            Search-R1's trainer feeds them; the bundled world, question-only rows and our own parquets get
+            the built template. ``"parquet"``: always the column (every row must have one);
+            ``"template"``: always the built one. With a parquet prompt, ``retrieval="rag"`` retrieves
+            nothing at reset (``nq_rag.py``'s prompt already holds the passages).
+        scorer: one of ``SCORERS``: ``"em"`` (default), ``"subem"``, ``"qa_em"``/``"qa_subem"``
+            (Search-R1's whole-sequence scoring, quirk included; see :func:`score_search_r1`).
+        stop_at_answer: ``False`` (default): generation stops at ``</search>`` only and the env cuts the
+            rest by Search-R1's rule (:func:`search_r1_cut`); ``True`` also stops at ``</answer>``, which is
+            faster but not Search-R1's rule (a ``</search>`` after an ``</answer>`` is never generated).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -192,7 +212,8 @@ class SearchQAEnv(AgentEnv):
                  max_turns: int = 4, forced_answer: bool = True, data: Mapping[str, Any] | None = None,
                  world_seed: int = 0, world_size: str | int = "small",
                  reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
-                 retrieval: str = "agentic"):
+                 retrieval: str = "agentic", group_reward: Any = None, prompt: str = "auto", scorer: str = "em",
+                 stop_at_answer: bool = False):
         if protocol not in ("search_r1", "chat"):
             raise ValueError(f"protocol must be 'search_r1' or 'chat', got {protocol!r}")
         if retrieval not in RETRIEVAL_MODES:
@@ -203,26 +224,45 @@ class SearchQAEnv(AgentEnv):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
+        if prompt not in PROMPT_SOURCES:
+            raise ValueError(f"prompt must be one of {PROMPT_SOURCES}, got {prompt!r}")
+        if prompt == "parquet" and protocol != "search_r1":
+            raise ValueError("prompt='parquet' applies to protocol='search_r1'")
+        if scorer not in SCORERS:
+            raise ValueError(f"scorer must be one of {SCORERS}, got {scorer!r}")
         self.protocol, self.split, self.topk, self.retrieval = protocol, split, topk, retrieval
+        self.prompt_source, self.scorer = prompt, scorer
         self.search_turns, self.forced_answer = int(max_turns), bool(forced_answer)
         self.observation_style = "continuation" if protocol == "search_r1" else "chat"
-        # Search-R1 cuts each response after the first </search>, else after the first </answer>.
-        self.stop_strings = ("</search>", "</answer>") if protocol == "search_r1" else ("</tool_call>", "</answer>")
-        if retrieval != "agentic":
-            self.stop_strings = ("</answer>",)
+        # Search-R1 samples without stop strings, then cuts each response after the first </search>, else
+        # after the first </answer> (search_r1_cut). Stopping at </search> gives the same text (the cut would
+        # end there too); stopping at </answer> would not (a later </search> wins), so by default the rollout
+        # generates on and cuts after the first of `cut_after` present (agentgym.rollout), and step() cuts too.
+        self.stop_strings = ("</search>", "</answer>") if protocol != "search_r1" or stop_at_answer else ("</search>",)
+        self.cut_after = ("</search>", "</answer>") if protocol == "search_r1" and not stop_at_answer else ()
+        if protocol == "chat":
+            self.stop_strings = ("</tool_call>", "</answer>")
+        elif retrieval != "agentic":
+            # the baselines take no search action: the first </answer> ends the response
+            self.stop_strings, self.cut_after = ("</answer>",), ()
         self._rag_text = ""  # passages put in this episode's prompt (retrieval="rag")
         in_process = retriever in ("dense", "bm25") and retrieval != "none"
         self.corpus, self.questions, corpus_key = self._load_data(data, split, world_seed, world_size, in_process)
         self.num_tasks = len(self.questions)
+        if prompt == "parquet" and not all(q.get("prompt") for q in self.questions):
+            raise ValueError("prompt='parquet' needs every question row to carry a 'prompt' (a Search-R1 parquet)")
         self._retriever_spec = retriever
         self._corpus_key = corpus_key
         self._retriever = None
+        if not (isinstance(retriever, str) and (retriever in ("dense", "bm25") or retriever.startswith(("http://", "https://")))) \
+                and retrieval != "none" and not hasattr(retriever, "search"):
+            _ = self.retriever  # an index on disk: a missing file or encoder fails here, not at the first search
         self.tools = ToolSet([Tool("search", "Search the encyclopedia; returns the top passages.",
                                    {"type": "object", "properties": {"query": {"type": "string", "minLength": 1}},
                                     "required": ["query"], "additionalProperties": False}, self._search_text)],
                              timeout_s=None)
         super().__init__(reward=reward, max_turns=self.search_turns + (1 if forced_answer else 0),
-                         render_mode=render_mode)
+                         render_mode=render_mode, group_reward=group_reward)
 
     # -- data and retrieval
     @staticmethod
@@ -250,8 +290,30 @@ class SearchQAEnv(AgentEnv):
         return self._retriever
 
     def _search(self, query: str) -> tuple[str, list[Any]]:
-        hits = self.retriever.search([query], topk=self.topk)[0]
+        from agentgym.envs.retrieval.base import Retriever
+        r = self.retriever
+        # Search-R1 sends an empty query as it is ("" is posted; its e5 server answers with passages)
+        hits = (r.search([query], topk=self.topk, search_empty=self.protocol == "search_r1")[0]
+                if isinstance(r, Retriever) else r.search([query], topk=self.topk)[0])
         return format_passages(hits), hits
+
+    # -- scoring
+    def _sequence(self, action: str | None = None) -> str:
+        """The episode's text as Search-R1's reward manager decodes it: prompt, cut responses, observations."""
+        parts = [search_r1_cut(m["content"]) if m["role"] == "assistant" else m["content"] for m in self.messages]
+        if action is not None:
+            parts.append(search_r1_cut(action))
+        return "".join(parts)
+
+    def score(self, answer: str | None, action: str | None = None) -> float:
+        """This episode's score under ``scorer``; ``action`` is a last response not yet in ``messages``."""
+        golds = [str(g) for g in self.task.get("answers", [])]
+        sequence = self._sequence(action) if self.scorer.startswith("qa_") else ""
+        return score_search_r1(self.scorer, answer, sequence, golds)
+
+    def episode_success(self) -> bool:
+        answer = next((r.info.get("answer") for r in reversed(self._history) if r.info.get("answer") is not None), None)
+        return self.score(answer) > 0
 
     def _search_text(self, query: str) -> str:
         return self._search(query)[0].strip() or "No results."
@@ -260,7 +322,16 @@ class SearchQAEnv(AgentEnv):
     def get_task(self, index: int) -> dict[str, Any]:
         return dict(self.questions[index])
 
+    def _uses_parquet_prompt(self, task: Mapping[str, Any]) -> bool:
+        if self.protocol != "search_r1" or self.prompt_source == "template" or not task.get("prompt"):
+            return False
+        return self.prompt_source == "parquet" or task.get("schema") != "agentgym"
+
     def initial_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+        self._rag_text = ""
+        if self._uses_parquet_prompt(task):
+            # Search-R1's trainer feeds the parquet's chat messages as they are (whatever template made them)
+            return [{"role": m["role"], "content": m["content"]} for m in task["prompt"]]
         self._rag_text = ""
         if self.retrieval == "none":
             return [{"role": "user", "content": NO_SEARCH_PROMPT.format(question=_question_text(task["question"]))}]
@@ -277,7 +348,7 @@ class SearchQAEnv(AgentEnv):
         return self.tools.specs() if self.protocol == "chat" else []
 
     def default_reward(self) -> Reward:
-        terms = [ExactMatch(), TokenF1(), SearchR1FormatReward(), CallCost("search", name="search_cost"),
+        terms = [SearchR1Score(self), TokenF1(), SearchR1FormatReward(), CallCost("search", name="search_cost"),
                  useful_search, InvalidActionPenalty()]
         return Reward([(t, DEFAULT_WEIGHTS[t.name]) for t in terms])
 
@@ -291,15 +362,16 @@ class SearchQAEnv(AgentEnv):
             tag = first_tag(action, ("answer",))
             if tag is None:
                 return self.invalid(ANSWER_ONLY_INVALID)
-            return Transition([], "answer", parsed=tag, terminated=True, answer=last_tag_content(action, "answer"))
-        # Search-R1 `postprocess_predictions`: the first match of <(search|answer)>(.*?)</\1> decides.
-        tag = first_tag(action, ("search", "answer"))
-        if tag is None:
+            return Transition([], "answer", parsed=tag, terminated=True, answer=tag.content)
+        # Search-R1: cut the response (first </search>, else first </answer>), then the first match of
+        # <(search|answer)>(.*?)</\1> decides (`postprocess_predictions`); an answer ends the episode with
+        # that answer's content. (Its reward, `qa_em`, re-reads the whole sequence: scorer="qa_em".)
+        kind, content, span = search_r1_action(search_r1_cut(action))
+        if kind is None:
             return self.invalid(SEARCH_R1_INVALID)
+        tag = TagMatch(kind, content, *span)
         if tag.tag == "answer":
-            # Reward extraction uses the last <answer> of the response (Search-R1 `extract_solution`).
-            return Transition([], "answer", parsed=tag, terminated=True,
-                              answer=last_tag_content(action, "answer"))
+            return Transition([], "answer", parsed=tag, terminated=True, answer=tag.content)
         if self._forced_turn():
             # Final rollout with do_search=False: the search is not executed; the episode ends.
             return Transition([{"role": "user", "content": "\n\n<information></information>\n\n"}], "search",

@@ -93,8 +93,9 @@ def source_policy(source: str, model_policy: Any, env_id: str) -> Any:
         if oracle is None:
             raise ValueError(f"{env_id} defines no oracle; use data.source=self or a model")
         return ScriptedPolicy(model_policy.tokenizer, oracle)
-    from agentgym.policies.loading import load_trained_policy
-    teacher = load_trained_policy(source, device=str(model_policy.device))
+    from agentgym.policies.loading import load_policy
+    from agentgym.policies.registry import trainable_backend
+    teacher = load_policy(source, trainable_backend(), device=str(model_policy.device))   # the one loader
     if teacher.tokenizer.get_vocab() != model_policy.tokenizer.get_vocab():
         raise ValueError(f"data.source {source!r} has another tokenizer than the model; token-level data "
                          "needs the same vocabulary (write its episodes as text and re-tokenize elsewhere)")

@@ -3,7 +3,7 @@
 ``agentgym sft`` runs :func:`run_sft` with an :class:`SFTRunConfig` (YAML + ``key=value``
 overrides, like ``agentgym train``). Steps: collect episodes from ``data.source`` (default: the env's
 oracle) → keep the successful ones → one pre-tokenized row per episode (``input_ids`` = the
-trajectory's ids, ``assistant_masks`` = its ``loss_mask``: see ``offline_data.py`` for why ids and
+trajectory's ids, ``assistant_masks`` = its ``loss_mask``: see ``offline/data.py`` for why ids and
 not re-rendered text) → ``SFTTrainer`` (labels -100 on every prompt, observation and template-glue
 token) → ``output_dir/model``, a plain Hugging Face model directory with the tokenizer (LoRA merged
 by default) that ``agentgym train model=…``, ``agentgym dpo model=…`` and ``agentgym eval --policy …``
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,42 +25,69 @@ from typing import Any, ClassVar
 from agentgym.config import save_config
 from agentgym.rollout import RolloutConfig, RolloutViews
 
-from agentgym.algorithms.learners import LoraSettings
-from agentgym.algorithms.offline_data import (OFFLINE_ROLLOUT_ALIASES, CollectConfig, collect_trajectories, offline_rollout, load_trajectories,
+from agentgym.algorithms.optim import LoraSettings, OptimConfig, peft_lora_config
+from agentgym.algorithms.offline.data import (OFFLINE_ROLLOUT_ALIASES, CollectConfig, collect_trajectories, offline_rollout, load_trajectories,
                                               sft_dataset, source_policy, successful)
 
-__all__ = ["OptimSettings", "SFTData", "SFTRunConfig", "build_sft_trainer", "run_sft", "trl_training_kwargs",
+__all__ = ["TrainerOptimConfig", "OfflineRunConfig", "SFTData", "SFTRunConfig", "build_sft_trainer", "run_sft", "trl_training_kwargs",
            "peft_config", "prepare_run", "gather_episodes", "finish_run"]
 
 
 @dataclass
-class OptimSettings:
-    """Hugging Face ``Trainer`` optimisation settings shared by SFT and DPO.
+class TrainerOptimConfig(OptimConfig):
+    """The ``optim:`` section of SFT and DPO: the one optimizer config
+    (:class:`~agentgym.algorithms.optim.OptimConfig`: ``lr``, ``betas``, ``weight_decay``,
+    ``warmup_steps`` / ``warmup_ratio``, ``schedule``, ``max_grad_norm``) plus the data loop of a
+    Hugging Face ``Trainer``.
 
-    ``epochs`` passes over the data unless ``max_steps`` > 0; ``warmup`` = steps, or a fraction of
-    training when < 1; ``schedule`` = a transformers scheduler name; ``max_length`` cuts examples
-    (None: no cut; episodes are already bounded by ``max_context_tokens``).
+    ``epochs``: passes over the data set (not RL's passes over each batch), unless ``max_steps`` > 0;
+    ``batch_size`` × ``grad_accum`` examples per optimizer step; ``schedule``: ``constant``,
+    ``linear``, ``cosine`` or another transformers scheduler name, after the warmup; ``max_length``
+    cuts examples (None: no cut; episodes are already bounded by ``max_context_tokens``).
+    ``warmup`` (deprecated): the former single warmup key — steps, or a fraction of training when < 1;
+    use ``warmup_steps`` or ``warmup_ratio``.
     """
     lr: float = 2e-5
+    schedule: str = "cosine"
     epochs: float = 2.0
     max_steps: int = -1
     batch_size: int = 4
     grad_accum: int = 1
-    schedule: str = "cosine"
-    warmup: float = 0.0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
     max_length: int | None = None
     gradient_checkpointing: bool = False
     logging_steps: int = 1
+    warmup: float | None = None
+
+    schedules: ClassVar[tuple[str, ...] | None] = None   # transformers checks the name
 
     def __post_init__(self) -> None:
-        if not self.lr >= 0 or not self.epochs > 0 or self.batch_size < 1 or self.grad_accum < 1:
-            raise ValueError("optim: lr must be >= 0, epochs > 0, batch_size and grad_accum >= 1")
+        if self.warmup is not None:
+            warnings.warn("optim.warmup is deprecated: use optim.warmup_steps (steps) or optim.warmup_ratio "
+                          "(a fraction of training)", DeprecationWarning, stacklevel=3)
+            if self.warmup < 1:
+                self.warmup_ratio = float(self.warmup)
+            else:
+                self.warmup_steps = int(self.warmup)
+            self.warmup = None
+        super().__post_init__()
+        if not self.epochs > 0 or self.batch_size < 1 or self.grad_accum < 1:
+            raise ValueError("optim: epochs must be > 0, batch_size and grad_accum >= 1")
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError(f"optim.max_steps must be >= 1, or -1 for epochs, got {self.max_steps}")
         if self.logging_steps < 1 or (self.max_length is not None and self.max_length < 2):
             raise ValueError("optim: logging_steps must be >= 1 and max_length >= 2 (or null)")
+        if self.warmup_steps is None and self.warmup_ratio >= 1:
+            raise ValueError("optim.warmup_ratio must be < 1 for SFT/DPO (a whole run of warmup: set warmup_steps)")
+
+    @property
+    def hf_warmup(self) -> float:
+        """transformers' ``warmup_steps``: an integer is steps, a float in [0, 1) a ratio of training."""
+        return self.warmup_steps if self.warmup_steps is not None else self.warmup_ratio
+
+    @property
+    def hf_schedule(self) -> str:
+        """transformers' scheduler name: its ``constant`` ignores the warmup, ``constant_with_warmup`` does not."""
+        return "constant_with_warmup" if self.schedule == "constant" and self.hf_warmup else self.schedule
 
 
 @dataclass
@@ -71,21 +99,19 @@ class SFTData(CollectConfig):
 
 
 @dataclass
-class SFTRunConfig(RolloutViews):
-    """One SFT run. Defaults: oracle episodes on Arithmetic-v0 into SmolLM2."""
+class OfflineRunConfig(RolloutViews):
+    """What an SFT and a DPO run share: the env, the model, the token layout (as RL's), LoRA (merged
+    into the exported model unless ``merge_lora=false``), seed, device and compute precision
+    (:mod:`agentgym.precision`: auto = bf16 on CUDA, on a CPU what a cached probe measures faster)."""
     env: str = "Arithmetic-v0"
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     model: str = "smollm2"
-    data: SFTData = field(default_factory=SFTData)
     rollout: RolloutConfig = field(default_factory=offline_rollout)   # sampling + token layout (as RL's)
-    optim: OptimSettings = field(default_factory=OptimSettings)
     lora: LoraSettings | None = None
     merge_lora: bool = True
     seed: int = 0
     device: str | None = None
-    # compute precision (agentgym.precision): auto = bf16 on CUDA, on a CPU what a cached probe measures faster
     precision: str = "auto"
-    output_dir: str = "runs/sft"
 
     config_aliases: ClassVar[dict[str, str]] = OFFLINE_ROLLOUT_ALIASES
 
@@ -94,7 +120,15 @@ class SFTRunConfig(RolloutViews):
         check_precision(self.precision)
 
 
-def trl_training_kwargs(optim: OptimSettings, out: Path, seed: int, device: str | None,
+@dataclass
+class SFTRunConfig(OfflineRunConfig):
+    """One SFT run. Defaults: oracle episodes on Arithmetic-v0 into SmolLM2."""
+    data: SFTData = field(default_factory=SFTData)
+    optim: TrainerOptimConfig = field(default_factory=TrainerOptimConfig)
+    output_dir: str = "runs/sft"
+
+
+def trl_training_kwargs(optim: TrainerOptimConfig, out: Path, seed: int, device: str | None,
                         precision: str = "auto") -> dict[str, Any]:
     """Keyword arguments every TRL config (a ``TrainingArguments``) gets from our settings. ``precision``
     (:mod:`agentgym.precision`) becomes TrainingArguments' ``bf16`` (autocast over fp32 weights, on CPU too)."""
@@ -111,8 +145,10 @@ def trl_training_kwargs(optim: OptimSettings, out: Path, seed: int, device: str 
     ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     return {"output_dir": str(out / "trainer"), "learning_rate": optim.lr, "num_train_epochs": optim.epochs,
             "max_steps": optim.max_steps, "per_device_train_batch_size": optim.batch_size,
-            "gradient_accumulation_steps": optim.grad_accum, "lr_scheduler_type": optim.schedule,
-            "warmup_steps": optim.warmup, "weight_decay": optim.weight_decay, "max_grad_norm": optim.max_grad_norm,
+            "gradient_accumulation_steps": optim.grad_accum, "lr_scheduler_type": optim.hf_schedule,
+            "warmup_steps": optim.hf_warmup, "weight_decay": optim.weight_decay,
+            "adam_beta1": optim.betas[0], "adam_beta2": optim.betas[1],
+            "max_grad_norm": optim.max_grad_norm if optim.max_grad_norm is not None else 0.0,
             "max_length": optim.max_length, ckpt: optim.gradient_checkpointing,
             "logging_steps": optim.logging_steps, "logging_first_step": True, "save_strategy": "no",
             "report_to": [], "seed": seed, "data_seed": seed, "bf16": bf16, "use_cpu": not cuda,
@@ -120,12 +156,7 @@ def trl_training_kwargs(optim: OptimSettings, out: Path, seed: int, device: str 
 
 
 def peft_config(lora: LoraSettings | None) -> Any:
-    if lora is None:
-        return None
-    from peft import LoraConfig
-    target = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
-    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=target,
-                      task_type="CAUSAL_LM")
+    return None if lora is None else peft_lora_config(lora)
 
 
 def prepare_run(cfg: Any, overwrite: bool = False) -> tuple[Path, Any]:
@@ -134,12 +165,14 @@ def prepare_run(cfg: Any, overwrite: bool = False) -> tuple[Path, Any]:
     import torch
     from transformers import set_seed
 
-    from agentgym.policies.loading import load_trained_policy
+    from agentgym.policies.loading import load_policy
+    from agentgym.policies.registry import trainable_backend
     from agentgym.runs import prepare_output_dir
     out = prepare_output_dir(cfg.output_dir, overwrite=overwrite, command=type(cfg).__name__[:3].lower())
     save_config(cfg, out / "config.yaml")
     set_seed(cfg.seed)
-    return out, load_trained_policy(cfg.model, device=cfg.device, dtype=torch.float32, seed=cfg.seed)
+    # the one loader, with the backend whose module a learner trains in place
+    return out, load_policy(cfg.model, trainable_backend(), device=cfg.device, dtype=torch.float32, seed=cfg.seed)
 
 
 def gather_episodes(cfg: Any, policy: Any, desc: str) -> list[Any]:
@@ -170,7 +203,7 @@ def finish_run(trainer: Any, tokenizer: Any, out: Path, merge_lora: bool) -> tup
 
 
 def build_sft_trainer(cfg: SFTRunConfig, policy: Any, dataset: Any, out: Path) -> Any:
-    """The ``trl.SFTTrainer`` for ``dataset`` (rows of :func:`~agentgym.algorithms.offline_data.sft_example`).
+    """The ``trl.SFTTrainer`` for ``dataset`` (rows of :func:`~agentgym.algorithms.offline.data.sft_example`).
 
     ``assistant_only_loss`` stays off: it re-derives masks from a chat template's generation markers,
     whereas our ``assistant_masks`` column already says which ids the policy produced (including a

@@ -357,8 +357,6 @@ def train_with_trl(env: Any, policy: Any = "smollm2", *, steps: int = 6, num_gen
     With ``beta`` > 0 (and no PEFT adapter) the KL reference is the policy as given: its weights are
     saved to ``output_dir/reference_model`` for TRL to load (see the comment in the code).
     """
-    import torch
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from agentgym.policies.transformers_policy import TransformersPolicy
@@ -372,15 +370,7 @@ def train_with_trl(env: Any, policy: Any = "smollm2", *, steps: int = 6, num_gen
         raise ValueError(f"micro_batch_size {micro} must divide prompts_per_step * num_generations = {total}")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-
-    probe = _make_env(env, env_kwargs or {})
-    available = getattr(probe.unwrapped, "num_tasks", None)
-    probe.close()
-    n = n_tasks or steps * prompts_per_step
-    if available is not None:
-        n = min(n, available - first_task)
-    dataset = make_task_dataset(env, n, env_kwargs=env_kwargs, first_task=first_task, seed=seed)
-
+    dataset = _task_dataset(env, env_kwargs, n_tasks or steps * prompts_per_step, first_task, seed)
     cfg: dict[str, Any] = dict(
         output_dir=str(out), max_steps=steps, learning_rate=learning_rate, num_generations=num_generations,
         per_device_train_batch_size=micro, gradient_accumulation_steps=total // micro,
@@ -390,16 +380,47 @@ def train_with_trl(env: Any, policy: Any = "smollm2", *, steps: int = 6, num_gen
     )
     if loss_type is not None:
         cfg["loss_type"] = loss_type
-    if not torch.cuda.is_available():
+    if not _cuda():
         cfg.update(bf16=False, use_cpu=True)
     cfg.update(trl_args or {})
     args = GRPOConfig(**cfg)
-
     rollout = EnvRollout(env, env_kwargs=env_kwargs, dataset=dataset, max_new_tokens=max_new_tokens, style=style,
                          max_obs_tokens=max_obs_tokens, max_context_tokens=max_context_tokens,
                          debug_checks=debug_checks, seed=seed, policy=policy)
-
     step_times: dict[int, float] = {}
+    trainer = _grpo_trainer(trainer_class or GRPOTrainer, policy, args, dataset, rollout,
+                            [episode_reward, *reward_funcs], step_times, out)
+    try:
+        trainer.train()
+    finally:
+        rollout.close()
+    policy.model = trainer.accelerator.unwrap_model(trainer.model)
+    history = _history(trainer, rollout, step_times)
+    finite = lambda v: v if math.isfinite(v) else None  # noqa: E731 - JSON has no NaN
+    (out / "history.json").write_text(json.dumps([{k: finite(v) for k, v in r.items()} for r in history], indent=1))
+    return {"history": history, "reward_curve": [r["rollout/reward_mean"] for r in history], "output_dir": str(out),
+            "policy": policy, "trainer": trainer}
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def _task_dataset(env: Any, env_kwargs: Mapping[str, Any] | None, n: int, first_task: int, seed: int) -> Any:
+    """``n`` tasks from ``first_task`` on, capped by the env's task count."""
+    probe = _make_env(env, env_kwargs or {})
+    available = getattr(probe.unwrapped, "num_tasks", None)
+    probe.close()
+    if available is not None:
+        n = min(n, available - first_task)
+    return make_task_dataset(env, n, env_kwargs=env_kwargs, first_task=first_task, seed=seed)
+
+
+def _grpo_trainer(cls: Any, policy: Any, args: Any, dataset: Any, rollout: Any, reward_funcs: list,
+                  step_times: dict[int, float], out: Path) -> Any:
+    """The ``GRPOTrainer`` (or subclass ``cls``), timing each optimizer step into ``step_times``."""
+    from transformers import TrainerCallback
 
     class _StepTimer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
@@ -408,7 +429,6 @@ def train_with_trl(env: Any, policy: Any = "smollm2", *, steps: int = 6, num_gen
         def on_step_end(self, args, state, control, **kwargs):
             step_times[int(state.global_step)] = time.perf_counter() - self.t0
 
-    cls = trainer_class or GRPOTrainer
     model = policy.model
     name_or_path = getattr(model.config, "_name_or_path", "")
     if args.beta != 0.0 and not hasattr(model, "peft_config"):
@@ -419,16 +439,14 @@ def train_with_trl(env: Any, policy: Any = "smollm2", *, steps: int = 6, num_gen
         model.save_pretrained(reference)
         model.config._name_or_path = str(reference)
     try:
-        trainer = cls(model=model, reward_funcs=[episode_reward, *reward_funcs], args=args, train_dataset=dataset,
-                      processing_class=policy.tokenizer, rollout_func=rollout, callbacks=[_StepTimer()])
+        return cls(model=model, reward_funcs=reward_funcs, args=args, train_dataset=dataset,
+                   processing_class=policy.tokenizer, rollout_func=rollout, callbacks=[_StepTimer()])
     finally:
         model.config._name_or_path = name_or_path
-    try:
-        trainer.train()
-    finally:
-        rollout.close()
-    policy.model = trainer.accelerator.unwrap_model(trainer.model)
 
+
+def _history(trainer: Any, rollout: Any, step_times: dict[int, float]) -> list[dict[str, float]]:
+    """One row per optimizer step: the step's rollout metrics, what TRL logged, and its time."""
     trl_logs: dict[int, dict[str, float]] = {}
     for entry in trainer.state.log_history:
         row = trl_logs.setdefault(int(entry.get("step", 0)), {})
@@ -446,7 +464,4 @@ def train_with_trl(env: Any, policy: Any = "smollm2", *, steps: int = 6, num_gen
         if s in step_times:
             row["time/step_s"] = step_times[s]
         history.append(row)
-    finite = lambda v: v if math.isfinite(v) else None  # noqa: E731 - JSON has no NaN
-    (out / "history.json").write_text(json.dumps([{k: finite(v) for k, v in r.items()} for r in history], indent=1))
-    return {"history": history, "reward_curve": [r["rollout/reward_mean"] for r in history], "output_dir": str(out),
-            "policy": policy, "trainer": trainer}
+    return history

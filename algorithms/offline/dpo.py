@@ -32,18 +32,13 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from agentgym.precision import check_precision
-from agentgym.rollout import RolloutConfig, RolloutViews
-
-from agentgym.algorithms.learners import LoraSettings
-from agentgym.algorithms.offline_data import (OFFLINE_ROLLOUT_ALIASES, CollectConfig, collect_trajectories, offline_rollout, dpo_dataset,
-                                              preference_pairs, source_policy)
-from agentgym.algorithms.sft import (OptimSettings, finish_run, gather_episodes, peft_config, prepare_run,
-                                     trl_training_kwargs)
+from agentgym.algorithms.offline.data import CollectConfig, collect_trajectories, dpo_dataset, preference_pairs, source_policy
+from agentgym.algorithms.offline.sft import (OfflineRunConfig, TrainerOptimConfig, finish_run, gather_episodes,
+                                             peft_config, prepare_run, trl_training_kwargs)
 
 __all__ = ["DPOData", "DPORunConfig", "TokenPreferenceCollator", "build_dpo_trainer", "run_dpo"]
 
@@ -61,37 +56,25 @@ class DPOData(CollectConfig):
 
 
 @dataclass
-class DPORunConfig(RolloutViews):
+class DPORunConfig(OfflineRunConfig):
     """One DPO run. ``loss_type`` is one TRL loss name or several joined by commas (``sigmoid,sft``,
     weighted by ``loss_weights``)."""
-    env: str = "Arithmetic-v0"
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    model: str = "smollm2"
     data: DPOData = field(default_factory=DPOData)
-    rollout: RolloutConfig = field(default_factory=offline_rollout)   # sampling + token layout (as RL's)
-    optim: OptimSettings = field(default_factory=lambda: OptimSettings(lr=1e-6, epochs=1.0))
+    optim: TrainerOptimConfig = field(default_factory=lambda: TrainerOptimConfig(lr=1e-6, epochs=1.0))
     beta: float = 0.1
     loss_type: str = "sigmoid"
     loss_weights: list[float] | None = None
     precompute_ref_log_probs: bool = False
-    lora: LoraSettings | None = None
-    merge_lora: bool = True
-    seed: int = 0
-    device: str | None = None
-    # compute precision (agentgym.precision): auto = bf16 on CUDA, on a CPU what a cached probe measures faster
-    precision: str = "auto"
     output_dir: str = "runs/dpo"
 
-    config_aliases: ClassVar[dict[str, str]] = OFFLINE_ROLLOUT_ALIASES
-
     def __post_init__(self) -> None:
-        check_precision(self.precision)
+        super().__post_init__()
         if self.beta <= 0:
             raise ValueError(f"beta must be > 0, got {self.beta}")
 
 
 class TokenPreferenceCollator:
-    """Batches rows of :func:`~agentgym.algorithms.offline_data.dpo_example` the way ``DPOTrainer``'s
+    """Batches rows of :func:`~agentgym.algorithms.offline.data.dpo_example` the way ``DPOTrainer``'s
     loss expects (chosen rows, then rejected rows; right-padded), except that ``completion_mask`` is
     the trajectory's loss mask — 0 on the prompt, the observations and the template glue."""
 
@@ -137,7 +120,7 @@ def _token_dpo_trainer_class() -> type:
         def _prepare_dataset(self, dataset: Any, processing_class: Any, args: Any, dataset_name: str) -> Any:
             missing = [c for c in _COLUMNS if c not in dataset.column_names]
             if missing:
-                raise ValueError(f"{dataset_name} dataset lacks {missing}; build it with offline_data.dpo_dataset")
+                raise ValueError(f"{dataset_name} dataset lacks {missing}; build it with agentgym.algorithms.offline.data.dpo_dataset")
             if args.max_length is not None:  # a prompt filling max_length leaves no completion to compare
                 dataset = dataset.filter(lambda row: len(row["prompt_ids"]) < args.max_length)
             return dataset

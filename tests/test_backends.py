@@ -1,0 +1,181 @@
+"""The generation-backend seam (issue 24 §2): the ``Backend`` base and its declared capabilities, the
+registry that alone knows backend names, ``as_backend`` for protocol-only user policies, and the one
+placement function (colocated, separate engine, ``max_staleness``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from agentgym.algorithms.trainer import TrainConfig
+from agentgym.policies import registry
+from agentgym.policies.backend import Backend, ProtocolBackend, TokenBackend, as_backend, tokenizer_of
+from agentgym.policies.loading import load_policy, load_tokenizer_for
+from agentgym.policies.openai_policy import OpenAIChatPolicy
+from agentgym.policies.placement import place_sampler
+from agentgym.policies.ray_pool import RayPolicyPool
+from agentgym.policies.scripted import ScriptedPolicy
+from agentgym.policies.transformers_policy import TransformersPolicy
+from agentgym.policy import Generation, SamplingParams
+from agentgym.precision import resolve_precision
+from agentgym.rollout import RolloutConfig, RolloutEngine
+
+SAMPLING = SamplingParams(max_new_tokens=12)
+REPLY = "<answer>4</answer>"
+
+
+class ProtocolOnly:
+    """A user's policy with only what the Policy protocol asks: tokenizer and generate."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.calls = 0
+
+    def generate(self, prompts, sampling):
+        self.calls += 1
+        ids = self.tokenizer.encode(REPLY, add_special_tokens=False)
+        return [Generation(list(ids), [0.0] * len(ids), REPLY, "stop") for _ in prompts]
+
+
+class WithCache(ProtocolOnly):
+    cleared = 0
+
+    def clear_kv_cache(self):
+        self.cleared += 1
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer_for("tiny-random")
+
+
+def test_builtin_backends_declare_their_capabilities():
+    assert registry.backend_names()[0] == "hf" and "vllm" in registry.backend_names()
+    hf = registry.backend_class("hf")
+    assert hf is TransformersPolicy and issubclass(hf, Backend)
+    assert hf.trains_in_place and hf.supports_weight_sync and hf.follows_run_precision and not hf.separate_engine
+    assert RayPolicyPool.separate_engine and RayPolicyPool.supports_weight_sync and not RayPolicyPool.trains_in_place
+    assert not OpenAIChatPolicy.token_level and OpenAIChatPolicy.answers_chat and not OpenAIChatPolicy.supports_weight_sync
+    assert ScriptedPolicy.needs_context and not ScriptedPolicy.supports_weight_sync
+    try:
+        vllm = registry.backend_class("vllm")
+    except registry.BackendUnavailable:
+        return  # vLLM is not installed here: its flags are checked where it is (tests/test_vllm_policy.py runs it)
+    assert vllm.separate_engine and vllm.supports_weight_sync and vllm.engine_bf16_with_run
+
+
+def test_registry_checks_names_and_options_and_specs_pick_their_own_backend():
+    with pytest.raises(ValueError, match="unknown backend 'tgi'"):
+        registry.backend_class("tgi")
+    with pytest.raises(ValueError, match="backend must be hf, vllm"):
+        registry.check_backend("tgi")
+    with pytest.raises(ValueError, match=r"unknown hf backend option\(s\) \['bogus'\]"):
+        registry.check_backend("hf", {"bogus": 1})
+    registry.check_backend(None, {"anything": 1})          # resolved later, as before
+    with pytest.raises(ValueError, match="backend must be"):
+        TrainConfig(backend="tgi")
+    assert registry.trainable_backend() == "hf"
+    assert registry.names_own_backend("oracle") and registry.names_own_backend("openai:m@http://x")
+    assert not registry.names_own_backend("tiny-random")
+    oracle = load_policy("oracle", env_id="Arithmetic-v0")
+    assert isinstance(oracle, ScriptedPolicy) and oracle.wants_context is True
+    hosted = load_policy("openai:qwen@http://127.0.0.1:9/v1")
+    assert isinstance(hosted, OpenAIChatPolicy) and tokenizer_of(hosted) is None and isinstance(hosted, Backend)
+    hosted.close()
+    with pytest.raises(ValueError, match="openai:MODEL@BASE_URL"):
+        load_policy("openai:qwen")
+
+
+def test_a_protocol_only_policy_runs_and_gets_the_rest_from_the_base(tok):
+    user = ProtocolOnly(tok)
+    seen = as_backend(user)
+    assert isinstance(seen, ProtocolBackend) and seen.token_level and not seen.needs_context
+    assert not seen.supports_weight_sync and not seen.answers_chat
+    seen.clear_kv_cache()
+    seen.close()                                            # no-ops: the object has neither
+    with pytest.raises(NotImplementedError, match="cannot take new weights"):
+        seen.sync_weights([])
+    engine = RolloutEngine(user, RolloutConfig(sampling=SAMPLING))
+    result = engine.collect("Arithmetic-v0", num_groups=2, group_size=1, seed=0)
+    engine.close()
+    assert user.calls >= 1 and engine.policy is user
+    assert [t.messages[-1]["content"] for t in result.trajectories] == [REPLY, REPLY]
+    cached = WithCache(tok)                                 # what the object has is used
+    engine = RolloutEngine(cached, RolloutConfig(sampling=SAMPLING))
+    engine.collect("Arithmetic-v0", num_groups=1, group_size=1, seed=0)
+    engine.close()
+    assert cached.cleared == 1
+    assert as_backend(TransformersPolicy.tiny_random(seed=0)).trains_in_place   # a Backend is itself
+    with pytest.raises(TypeError, match="needs generate"):
+        RolloutEngine(SimpleNamespace(tokenizer=None))
+
+
+def _cfg(**kw):
+    return TrainConfig(model="tiny-random", output_dir="unused", **kw)
+
+
+def test_placement_keeps_the_rules():
+    fp32 = resolve_precision("fp32", "cpu")
+    train, sampler = place_sampler(_cfg(), "hf", fp32)
+    assert sampler is train and isinstance(train, TransformersPolicy)          # colocated
+    assert train.precision.name == "fp32"
+    given = TransformersPolicy.tiny_random(seed=0)
+    assert place_sampler(_cfg(), "hf", fp32, given) == (given, given)
+    # max_staleness > 0: the next batch is generated while the learner steps, so a separate hf copy
+    train, sampler = place_sampler(_cfg(max_staleness=1), "hf", fp32, given)
+    assert train is given and isinstance(sampler, TransformersPolicy) and sampler is not given
+    assert sampler.precision.name == "fp32"
+    assert sampler.model is not given.model
+
+
+def test_a_backend_that_cannot_take_weights_is_refused_for_training_but_evaluates(tok):
+    class Frozen(TokenBackend):
+        def __init__(self, tokenizer):
+            self.tokenizer = tokenizer
+
+        @classmethod
+        def from_spec(cls, spec, **_):
+            return cls(load_tokenizer_for(spec))
+
+        def generate(self, prompts, sampling):
+            return ProtocolOnly(self.tokenizer).generate(prompts, sampling)
+
+    registry.register_backend("frozen-test", Frozen)
+    try:
+        assert "frozen-test" in registry.backend_names()
+        assert registry.resolve_backend("frozen-test") == "frozen-test"
+        with pytest.raises(ValueError, match="cannot take a learner's weights"):
+            place_sampler(_cfg(backend="frozen-test"), "frozen-test", resolve_precision("fp32", "cpu"),
+                          TransformersPolicy.tiny_random(seed=0))
+        engine = RolloutEngine(load_policy("tiny-random", "frozen-test"), RolloutConfig(sampling=SAMPLING))
+        trajs = engine.collect("Arithmetic-v0", num_groups=1, group_size=1, seed=0).trajectories
+        engine.close()
+        assert trajs[0].messages[-1]["content"] == REPLY
+    finally:
+        del registry.POLICY_BACKENDS["frozen-test"]
+
+
+def test_cli_takes_a_backend_an_import_module_registers(tmp_path):
+    (tmp_path / "mybackend.py").write_text(
+        "from agentgym.policies.backend import TokenBackend\n"
+        "from agentgym.policies.loading import load_tokenizer_for\n"
+        "from agentgym.policies.registry import register_backend\n"
+        "from agentgym.policy import Generation\n"
+        "class Fixed(TokenBackend):\n"
+        "    def __init__(self, tok): self.tokenizer = tok\n"
+        "    @classmethod\n"
+        "    def from_spec(cls, spec, **_): return cls(load_tokenizer_for(spec))\n"
+        "    def generate(self, prompts, sampling):\n"
+        "        ids = self.tokenizer.encode('<answer>4</answer>', add_special_tokens=False)\n"
+        "        return [Generation(ids, [0.0] * len(ids), '<answer>4</answer>', 'stop') for _ in prompts]\n"
+        "register_backend('fixed', Fixed)\n")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "agentgym.cli", *a], cwd=tmp_path,  # noqa: E731
+                                    capture_output=True, text=True, timeout=300)
+    res = run("--import", "mybackend", "eval", "Arithmetic-v0", "--policy", "tiny-random", "--backend", "fixed",
+              "--episodes", "2", "--max-new-tokens", "12")
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = run("eval", "Arithmetic-v0", "--policy", "tiny-random", "--backend", "fixed", "--episodes", "1")
+    assert res.returncode == 2 and "unknown backend 'fixed'" in res.stderr
