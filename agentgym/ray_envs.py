@@ -162,6 +162,13 @@ class _EnvHost:
         self.env.close()
 
 
+class _Missing:
+    """A cached "the env has no such attribute"."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
 class RayEnv:
     """A local stand-in for an env living in a Ray actor (restarted after a failure)."""
 
@@ -218,9 +225,16 @@ class RayEnv:
     def get_wrapper_attr(self, name: str) -> Any:
         import ray
         if name not in self._attrs:
-            is_callable, value = ray.get(self.actor.attr.remote(name))
+            try:
+                is_callable, value = ray.get(self.actor.attr.remote(name))
+            except AttributeError as e:  # envs do not grow attributes: remember the miss (one round trip)
+                self._attrs[name] = _Missing(str(e))
+                raise
             self._attrs[name] = (lambda *a, **k: ray.get(self.actor.call.remote(name, a, k))) if is_callable else value
-        return self._attrs[name]
+        found = self._attrs[name]
+        if isinstance(found, _Missing):
+            raise AttributeError(found.message)
+        return found
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("actor",):

@@ -95,7 +95,8 @@ class Learner(LearnerState):
         self.separate_sampler = separate_sampler
         if cfg.schedule != "constant" and cfg.total_steps is None:
             raise ValueError(f"schedule {cfg.schedule!r} needs total_steps (the number of update calls)")
-        tok = getattr(policy, "tokenizer", None)
+        from agentgym.policies.backend import tokenizer_of
+        tok = tokenizer_of(policy)
         self.pad_id = int(getattr(tok, "pad_token_id", None) or 0)
         self._rng = torch.Generator().manual_seed(cfg.seed)
         self._build_models(policy.model)

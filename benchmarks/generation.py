@@ -187,8 +187,7 @@ def job_generate(args: argparse.Namespace) -> dict[str, Any]:
         print(f"[{args.backend} {args.dtype} b{b}] turn1 {row['turn1_tokens_per_s']:.1f} tok/s, decode "
               f"{row['decode_tokens_per_s']:.1f} tok/s, turn2 {row['turn2_tokens_per_s']:.1f} tok/s, bound "
               f"{bound['bound_tokens_per_s']:.0f} tok/s (load {row['load_avg']})", file=sys.stderr, flush=True)
-    if hasattr(policy, "close"):
-        policy.close()
+    policy.close()   # a Backend from the one loader: close is part of its interface
     return {"backend": args.backend, "dtype": args.dtype, "start_s": start_s, "rows": rows,
             "load_avg_start": load_avg_start}
 

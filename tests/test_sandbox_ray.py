@@ -51,3 +51,16 @@ def test_node_sandbox_runs_and_batches_like_a_sandbox():
             sb.run("pass", files={"../x": "1"})
     finally:
         assert close_node_sandboxes() == 1
+
+
+def test_a_missing_env_attribute_is_asked_for_once():
+    from agentgym.ray_envs import make_ray_envs
+    env = make_ray_envs("Arithmetic-v0", 1, {})[0]
+    try:
+        for _ in range(2):
+            with pytest.raises(AttributeError):
+                env.get_wrapper_attr("no_such_attribute")
+        assert "no_such_attribute" in env._attrs   # the second miss did not go to the actor
+        assert env.get_wrapper_attr("max_turns") > 0
+    finally:
+        env.close()

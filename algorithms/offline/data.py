@@ -74,7 +74,8 @@ class _StudentLayout:
 
     def __init__(self, policy: Any, tokenizer: Any):
         self.policy, self.tokenizer = policy, tokenizer
-        self.wants_context = getattr(policy, "wants_context", False)
+        from agentgym.policies.backend import as_backend
+        self.wants_context = as_backend(policy).needs_context
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, **kwargs: Any) -> Any:
         return self.policy.generate(prompts, sampling, **kwargs)

@@ -192,7 +192,7 @@ def run_sft(args: argparse.Namespace, cfg: Any, runs_dir: Path) -> tuple[dict, A
                            data=SFTData(source="oracle", episodes=args.sft_episodes, seed=0),
                            rollout=cfg.rollout,   # the RL runs' token layout
                            optim=OptimSettings(lr=args.sft_lr, epochs=args.sft_epochs, batch_size=args.sft_batch_size,
-                                               warmup=0.1, logging_steps=1),
+                                               warmup_ratio=0.1, logging_steps=1),
                            seed=0, device=cfg.device, output_dir=str(runs_dir / "sft"))
     return _run_sft(sft_cfg, overwrite=True), sft_cfg
 

@@ -1,4 +1,7 @@
-"""Docker backend: a warm pool of locked-down, single-use containers.
+"""Docker backend, per-job path (``make_sandbox("docker", warm=False)``): a warm pool of
+locked-down, single-use containers. The default docker sandbox is ``docker_warm.py`` (containers
+reused job after job, verified clean between jobs); this module also holds the docker helpers
+both share (connect, image check, stale-container reaping).
 
 Each container is created ahead of time (so a run pays for one ``exec``, not a container
 start), serves exactly **one** program, and is then removed and replaced in the background:
