@@ -16,150 +16,35 @@ import json
 import math
 import random
 import shutil
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
-from agentgym.config import save_config, to_dict
-from agentgym.policy import SamplingParams
-from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutEngine, RolloutViews, summarize
-from agentgym.precision import check_precision, resolve_precision
+from agentgym.config import save_config
+from agentgym.rollout import RolloutConfig, RolloutEngine, summarize
+from agentgym.precision import resolve_precision
 from agentgym.threads import recheck as recheck_threads
 
 from agentgym.algorithms.catalog import make_learner
-from agentgym.algorithms.config import LearnerConfig
-from agentgym.algorithms.health import Alarm, HealthConfig, HealthMonitor, batch_health
+from agentgym.algorithms.curves import held_out_gain, plot_curves
+from agentgym.algorithms.health import Alarm, HealthMonitor, batch_health
 from agentgym.algorithms.overlap import Prefetcher
+from agentgym.algorithms.run_control import (TrainingInterrupted, WholeSteps, checkpoint_step, finished_run,
+                                             interrupted_run, latest_checkpoint)
+from agentgym.algorithms.train_config import EvalConfig, TrainConfig, torch_dtype
 
-__all__ = ["TrainConfig", "EvalConfig", "train", "Trainer", "rollout_config", "held_out_eval"]
-
-def _train_rollout() -> RolloutConfig:
-    """The main job's rollout settings: short answers, a 2k-token context."""
-    return RolloutConfig(sampling=SamplingParams(max_new_tokens=48), max_obs_tokens=256, max_context_tokens=2048)
-
-
-@dataclass
-class EvalConfig:
-    every: int = 0                  # steps between evals (0: only before and after training)
-    episodes: int = 16
-    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"})
-    first_task: int = 0             # the same held-out tasks at every eval
-
-
-@dataclass
-class TrainConfig(RolloutViews):
-    """Everything a run needs. Defaults: the README's main job (a short CPU run).
-
-    The default task is ``Math-v0`` at its warm-up level (one operation on numbers up to 20,
-    single turn, answer read from ``\\boxed{}``, an "answer is" phrase or the last number): the
-    untrained SmolLM2-135M solves about a third of these when sampling, so the rewards inside a
-    GRPO group differ and every step has a learning signal. (On ``Arithmetic-v0`` it never writes
-    the ``<answer>`` tag, every reward in a group is equal and GRPO's advantages are exactly zero.)
-    """
-    env: str = "Math-v0"
-    # the default env's arguments: a config that picks another env starts from {} (see load_config)
-    env_kwargs: dict[str, Any] = field(
-        default_factory=lambda: {"kinds": ["arithmetic"], "difficulty": 0, "max_turns": 1},
-        metadata={"defaults_belong_to": "env"})
-    model: str = "smollm2"
-    algo: str = "grpo"
-    steps: int = 12
-    groups_per_step: int = 4
-    group_size: int = 4
-    seed: int = 0
-    # sampling and token layout: the one RolloutConfig (``sampling.*``, ``style``, ``max_obs_tokens``,
-    # ``max_context_tokens`` are accepted as short keys); evals use the same layout, greedily
-    rollout: RolloutConfig = field(default_factory=_train_rollout)
-    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(lr=1e-5, micro_batch_size=4))
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    # steps between checkpoints (0: only the final one). Only the newest checkpoint keeps the optimizer
-    # and learner state that --resume needs (≈2× the weights with AdamW); older kept ones hold weights only.
-    checkpoint_every: int = 4
-    keep_checkpoints: int = 1
-    output_dir: str = "runs/train"
-    tensorboard: bool = True
-    device: str | None = None
-    # generation backend of rollouts and evals: hf (the trained module samples in place), vllm (a
-    # separate engine, weights synced after every update), None = vllm on CUDA when installed, else hf
-    backend: str | None = None
-    # options of that backend's policy: hf — reuse_kv (KV reuse across turns, default true), attn_implementation,
-    # kv_cache_tokens, max_batch_size; vllm — any vllm.LLM argument (gpu_memory_utilization, ...)
-    backend_options: dict[str, Any] = field(default_factory=dict)
-    # under torchrun on CUDA: shard the trained model with FSDP2 (needs backend=vllm for rollouts)
-    fsdp: bool = False
-    # > 0: that many generation engines as Ray actors (data-parallel over episodes), weights pushed
-    # to all of them after every update (on the cluster of rollout.ray_address; None: a local one)
-    rollout_workers: int = 0
-    # how those pushes travel: auto, collective (gloo / NCCL broadcast) or object_store (see policies/ray_pool.py)
-    weight_transfer: str = "auto"
-    # weights' dtype: None = bf16 on CUDA, fp32 on CPU. "float32" keeps fp32 master weights (bf16
-    # autocast still applies with precision bf16): at lr 1e-6 an AdamW step is far below bf16's resolution.
-    dtype: str | None = None
-    # compute precision of the learner (policy, reference, critic) and the samplers: auto (bf16 on CUDA; on a
-    # CPU what a cached probe measures faster), fp32, or bf16 (autocast; fp32 master weights, optimizer, loss)
-    precision: str = "auto"
-    # overlap generation with the update (bounded staleness, as in AReaL / prime-rl): 0 = on-policy (generate,
-    # then update); >= 1 = the batch of step k+1 is generated while step k updates, by a separate sampler
-    # holding weights at most this many updates old (one sampler: the pipeline is one batch deep, so 1 in practice)
-    max_staleness: int = 0
-    # training-health alarms (entropy / length / action-rate collapse, groups without signal) and the opt-in
-    # template-collapse MI; the health/* metrics are logged every step either way (algorithms/health.py)
-    health: HealthConfig = field(default_factory=HealthConfig)
-
-    config_aliases: ClassVar[dict[str, str]] = ROLLOUT_ALIASES
-
-    def __post_init__(self) -> None:
-        if isinstance(self.rollout, dict):
-            self.rollout = RolloutConfig(**self.rollout)
-        for name in ("steps", "groups_per_step", "group_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be >= 0 (0: only the final checkpoint), got {self.checkpoint_every}")
-        if self.keep_checkpoints < 1:
-            raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
-        if self.eval.every < 0 or self.eval.first_task < 0 or self.eval.episodes < 1:
-            raise ValueError("eval.every and eval.first_task must be >= 0, eval.episodes >= 1")
-        if not self.output_dir:
-            raise ValueError("output_dir must not be empty")
-        if self.dtype is not None:
-            _torch_dtype(self.dtype)
-        check_precision(self.precision)
-        if self.rollout_workers < 0:
-            raise ValueError(f"rollout_workers must be >= 0, got {self.rollout_workers}")
-        if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be an integer >= 0 (0: on-policy), got {self.max_staleness!r}")
-        from agentgym.policies.ray_pool import check_weight_transfer
-        check_weight_transfer(self.weight_transfer)
-        if not isinstance(self.backend_options, dict):
-            raise ValueError(f"backend_options must be a mapping, got {self.backend_options!r}")
-        from agentgym.policies.registry import check_backend
-        check_backend(self.backend, self.backend_options)   # a registered name, and options it takes
-        lt = self.learner.temperature
-        st = self.rollout.sampling.logprob_temperature
-        if lt is not None and abs(lt - st) > 1e-9:
-            raise ValueError(f"learner.temperature={lt} differs from sampling.temperature={st}: the learner must "
-                             "recompute log-probs at the sampling temperature; remove learner.temperature")
+__all__ = ["TrainConfig", "EvalConfig", "train", "Trainer", "rollout_config", "held_out_eval", "TrainingInterrupted",
+           "finished_run", "interrupted_run", "latest_checkpoint"]
 
 
 def _set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def _torch_dtype(name: str | None) -> torch.dtype | None:
-    if name is None:
-        return None
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"dtype must name a torch dtype (float32, bfloat16, float16), got {name!r}")
-    return dtype
 
 
 def _step_seed(seed: int, step: int) -> int:
@@ -181,92 +66,6 @@ def held_out_eval(engine: RolloutEngine, cfg: TrainConfig,
     batch = engine.collect(cfg.env, task_indices=indices, seed=cfg.seed, env_kwargs={**cfg.env_kwargs, **e.env_kwargs},
                            progress=progress)
     return {f"eval/{k}": v for k, v in batch.metrics.items() if not k.startswith("time/")}, batch.trajectories
-
-
-def latest_checkpoint(out: str | Path) -> Path | None:
-    """The newest ``checkpoints/step_N`` of a run directory, or None."""
-    ckpts = sorted((Path(out) / "checkpoints").glob("step_*[0-9]"))
-    return ckpts[-1] if ckpts else None
-
-
-def checkpoint_step(ckpt: Path | None) -> int:
-    return int(ckpt.name.split("_", 1)[1]) if ckpt is not None else 0
-
-
-def finished_run(out: str | Path, steps: int) -> dict[str, Any] | None:
-    """The final evals of a run in ``out`` that already trained ``steps`` steps and wrote its final
-    eval (``evals.json``), else None — ``--resume`` on such a run has nothing left to do."""
-    evals_path = Path(out) / "evals.json"
-    if checkpoint_step(latest_checkpoint(out)) < steps or not evals_path.is_file():
-        return None
-    try:
-        evals = json.loads(evals_path.read_text())
-    except (OSError, ValueError):
-        return None
-    tags = {e.get("tag"): e for e in evals if isinstance(e, dict)}
-    return tags if "after" in tags and "before" in tags else None
-
-
-def interrupted_run(out: str | Path) -> bool:
-    """Whether ``out`` holds a run that checkpointed but stopped before the steps its config asked for."""
-    import yaml
-    try:
-        steps = int((yaml.safe_load((Path(out) / "config.yaml").read_text()) or {})["steps"])
-    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
-        return False
-    return latest_checkpoint(out) is not None and finished_run(out, steps) is None
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped a run; ``checkpoint`` is what ``--resume`` continues from (None: nothing saved)."""
-
-    def __init__(self, step: int, checkpoint: Path | None) -> None:
-        super().__init__(f"interrupted at step {step}")
-        self.step, self.checkpoint = step, checkpoint
-
-
-class _WholeSteps:
-    """SIGINT handling for a training loop: a Ctrl-C that arrives while an update is being applied (learner
-    step, weight sync, step counter, log row) is held until that update is complete, so an interrupted run
-    stops at a whole step and can be checkpointed there; a second Ctrl-C stops at once (``torn``: the state
-    may then be half-updated and must not be saved). Elsewhere (rollouts, evals) Ctrl-C stops at once —
-    nothing is lost there but the current step's episodes."""
-
-    def __init__(self) -> None:
-        self.critical = self.pending = self.torn = False
-        self._previous: Any = None
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        if self.critical and not self.pending:
-            self.pending = True
-            print("\n[train] Ctrl-C: finishing this update so the run can stop at a whole step "
-                  "(Ctrl-C again to stop now)", file=sys.stderr, flush=True)
-            return
-        self.torn = self.critical
-        raise KeyboardInterrupt
-
-    def __enter__(self) -> "_WholeSteps":
-        import signal
-        import threading
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            import signal
-            signal.signal(signal.SIGINT, self._previous)
-
-    @contextlib.contextmanager
-    def update(self) -> Iterator[None]:
-        """The section a Ctrl-C waits for; raises the held KeyboardInterrupt once the update is in."""
-        self.critical = True
-        try:
-            yield
-        finally:
-            self.critical = False
-        if self.pending:
-            raise KeyboardInterrupt
 
 
 class Trainer:
@@ -305,7 +104,7 @@ class Trainer:
         # train_policy: the transformers module the learner trains; policy: the sampler (the same object
         # when colocated, else a separate engine, Ray actors or an unsharded copy: see policies/placement.py)
         self.train_policy, self.policy = place_sampler(cfg, backend, self.precision, policy,
-                                                       train_dtype=_torch_dtype(cfg.dtype))
+                                                       train_dtype=torch_dtype(cfg.dtype))
         self.colocated = self.policy is self.train_policy
         lcfg = cfg.learner
         if lcfg.total_steps is None or lcfg.total_steps <= 0:
@@ -476,7 +275,7 @@ class Trainer:
                 self.log(f"resumed from {ckpt} (step {self.step})")
         # Ctrl-C in one process stops at a whole step and checkpoints it (torchrun: each rank gets the
         # signal and collectives cannot be finished alone, so the last periodic checkpoint stands)
-        guard = _WholeSteps() if self.dist is None else None
+        guard = WholeSteps() if self.dist is None else None
         try:
             with guard or contextlib.nullcontext(), self._lanes():
                 return self._train_loop(guard)
@@ -551,7 +350,7 @@ class Trainer:
         self.sampling.pending()
         self._sync_sampler()
 
-    def _train_loop(self, guard: _WholeSteps | None) -> dict[str, Any]:
+    def _train_loop(self, guard: WholeSteps | None) -> dict[str, Any]:
         from tqdm import tqdm
 
         cfg = self.cfg
@@ -572,7 +371,7 @@ class Trainer:
                 if self.step + 1 < cfg.steps:
                     self.sampling.start(self.step + 1, self.sampler_version)
             trajectories, infra = self._without_infra_errors(batch.trajectories)
-            with update_section():   # a Ctrl-C here waits for the whole update (see _WholeSteps)
+            with update_section():   # a Ctrl-C here waits for the whole update (see WholeSteps)
                 upd = self.learner.update(trajectories) if trajectories else {"skipped": 1.0}
                 staleness = self.step - got.version
                 self.step += 1
@@ -654,59 +453,6 @@ class Trainer:
         write_html_report(self.out / "eval_trajectories.html", eval_trajectories, tokenizer=self.policy.tokenizer,
                           metrics=summarize(eval_trajectories), title=f"{self.cfg.env} · after {self.step} steps",
                           sections=[health_section(self.out / "curves.png", alarms)])
-
-
-def held_out_gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float] | None:
-    """Held-out success after − before on the same tasks, with a 95 % paired bootstrap CI over tasks."""
-    from agentgym.stats import paired_bootstrap_ci, verdict
-    a, b = after.get("successes"), before.get("successes")
-    if not a or not b or len(a) != len(b):
-        return None
-    ci = paired_bootstrap_ci(a, b)
-    return {"success_gain": ci[0], "ci_low": ci[1], "ci_high": ci[2], "tasks": float(len(a)),
-            "verdict": verdict(ci)}
-
-
-def plot_curves(history: list[dict[str, float]], evals: list[dict[str, Any]], path: Path, title: str,
-                alarms: Sequence[Alarm] = ()) -> None:
-    """PNG learning curves: rollout reward / success, each reward term, the learner's stats, training health
-    (groups without signal, diversity, actions per episode by kind); health alarms as red vertical lines."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    if not history:
-        return
-    steps = [r["step"] for r in history]
-    panels = [("reward", ["rollout/reward_mean", "rollout/success_rate"]),
-              ("reward terms", sorted(k for k in history[-1] if k.startswith("rollout/reward/"))),
-              ("learner", [k for k in ("train/kl", "train/entropy", "train/clip_frac", "train/grad_norm") if k in history[-1]]),
-              ("tokens", ["rollout/response_tokens_mean", "rollout/turns_mean"]),
-              ("health", sorted(k for k in history[-1] if k.startswith("health/") and k != "health/response_tokens"))]
-    panels[2][1].extend(k for k in ("train/sampler_logp_diff_mean",) if k in history[-1])
-    panels = [(name, keys) for name, keys in panels if keys]   # e.g. no reward terms: no empty panel
-    cols = 3
-    rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, (name, keys) in zip(axes.flat, panels):
-        for k in keys:
-            ax.plot(steps, [r.get(k, float("nan")) for r in history], label=k.split("/", 1)[1], marker=".")
-        if name == "reward":
-            ev = [e for e in evals if "eval/success_rate" in e]
-            if ev:
-                ax.plot([e["step"] for e in ev], [e["eval/success_rate"] for e in ev], "k--o", label="eval success (greedy)")
-        for a in alarms:
-            ax.axvline(a.step, color="red", alpha=0.5, linestyle=":", linewidth=1.2)
-        ax.set_title(name + (f" ({len(alarms)} alarm{'s' if len(alarms) != 1 else ''}: red lines)"
-                             if alarms and name == "health" else ""))
-        ax.set_xlabel("step")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def train(cfg: TrainConfig, resume: bool = False, policy: Any | None = None) -> dict[str, Any]:

@@ -1,0 +1,97 @@
+"""Stopping and resuming a training run: checkpoints on disk, finished vs interrupted runs, and Ctrl-C at a whole step."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["latest_checkpoint", "checkpoint_step", "finished_run", "interrupted_run", "TrainingInterrupted", "WholeSteps"]
+
+
+def latest_checkpoint(out: str | Path) -> Path | None:
+    """The newest ``checkpoints/step_N`` of a run directory, or None."""
+    ckpts = sorted((Path(out) / "checkpoints").glob("step_*[0-9]"))
+    return ckpts[-1] if ckpts else None
+
+
+def checkpoint_step(ckpt: Path | None) -> int:
+    return int(ckpt.name.split("_", 1)[1]) if ckpt is not None else 0
+
+
+def finished_run(out: str | Path, steps: int) -> dict[str, Any] | None:
+    """The final evals of a run in ``out`` that already trained ``steps`` steps and wrote its final
+    eval (``evals.json``), else None — ``--resume`` on such a run has nothing left to do."""
+    evals_path = Path(out) / "evals.json"
+    if checkpoint_step(latest_checkpoint(out)) < steps or not evals_path.is_file():
+        return None
+    try:
+        evals = json.loads(evals_path.read_text())
+    except (OSError, ValueError):
+        return None
+    tags = {e.get("tag"): e for e in evals if isinstance(e, dict)}
+    return tags if "after" in tags and "before" in tags else None
+
+
+def interrupted_run(out: str | Path) -> bool:
+    """Whether ``out`` holds a run that checkpointed but stopped before the steps its config asked for."""
+    import yaml
+    try:
+        steps = int((yaml.safe_load((Path(out) / "config.yaml").read_text()) or {})["steps"])
+    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
+        return False
+    return latest_checkpoint(out) is not None and finished_run(out, steps) is None
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run; ``checkpoint`` is what ``--resume`` continues from (None: nothing saved)."""
+
+    def __init__(self, step: int, checkpoint: Path | None) -> None:
+        super().__init__(f"interrupted at step {step}")
+        self.step, self.checkpoint = step, checkpoint
+
+
+class WholeSteps:
+    """SIGINT handling for a training loop: a Ctrl-C that arrives while an update is being applied (learner
+    step, weight sync, step counter, log row) is held until that update is complete, so an interrupted run
+    stops at a whole step and can be checkpointed there; a second Ctrl-C stops at once (``torn``: the state
+    may then be half-updated and must not be saved). Elsewhere (rollouts, evals) Ctrl-C stops at once —
+    nothing is lost there but the current step's episodes."""
+
+    def __init__(self) -> None:
+        self.critical = self.pending = self.torn = False
+        self._previous: Any = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.critical and not self.pending:
+            self.pending = True
+            print("\n[train] Ctrl-C: finishing this update so the run can stop at a whole step "
+                  "(Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+            return
+        self.torn = self.critical
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> "WholeSteps":
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            import signal
+            signal.signal(signal.SIGINT, self._previous)
+
+    @contextlib.contextmanager
+    def update(self) -> Iterator[None]:
+        """The section a Ctrl-C waits for; raises the held KeyboardInterrupt once the update is in."""
+        self.critical = True
+        try:
+            yield
+        finally:
+            self.critical = False
+        if self.pending:
+            raise KeyboardInterrupt
