@@ -289,6 +289,11 @@ def test_a_job_killing_its_supervisor_is_a_verdict_not_an_error(warm):
     r = sb.run("import os, signal\nos.kill(-1, signal.SIGKILL)", time_limit_s=5)
     assert r.exit_code is None and not r.ok
     assert sb.run("print(6 * 7)").stdout == "42\n"
+    # in a batch, only the guilty job gets that verdict; the jobs around it run normally
+    results = sb.run_batch([{"code": "print(1)"}, {"code": "import os, signal\nos.kill(-1, signal.SIGKILL)"},
+                            {"code": "print(2)"}])
+    assert [r.stdout for r in results] == ["1\n", "", "2\n"] and results[1].exit_code is None
+    assert results[0].ok and results[2].ok
 
 
 def test_closed_warm_sandbox_raises(warm):

@@ -349,7 +349,11 @@ class WarmSandbox(Sandbox):
         else:
             self._note(why)
             self._pool.recycle(runner)
-        if "died" in answer:  # a job killed its handler: that job's verdict is "killed"
+        if "died" in answer and len(jobs) > 1:
+            # the handler's results are lost with it and we cannot tell which job killed it: run
+            # the first job alone (the caller's loop sends the rest again), so verdicts stay exact
+            return self._execute_many(jobs[:1])
+        if "died" in answer:  # the job killed its handler: its verdict is "killed"
             results.append(ExecResult("", "sandbox: the program killed its supervisor", None, False, False,
                                       0.0, False, self.name))
         if not results:
