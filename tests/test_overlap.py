@@ -3,11 +3,6 @@ the first step equal to an on-policy run's, and --resume exactness after a real 
 
 from __future__ import annotations
 
-import csv
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -126,28 +121,7 @@ def test_first_step_equals_on_policy_and_overlap_is_reproducible(tmp_path):
 
 
 # ---------------------------------------------------------------- resume after a real kill
-def _run(out: Path, *extra: str, resume: bool = False, kill_after: Path | None = None):
-    cmd = [sys.executable, "-m", "agentgym.cli", "train", *(["--resume"] if resume else []), *TINY,
-           f"output_dir={out}", *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    if kill_after is None:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
-    deadline = time.monotonic() + 900
-    try:
-        while not kill_after.exists():
-            assert proc.poll() is None, "the run ended before the checkpoint it should be killed after"
-            assert time.monotonic() < deadline, "no checkpoint within 900 s"
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
-    return None
-
-
-def _rows(out: Path) -> list[dict[str, str]]:
-    with (out / "train_log.csv").open() as f:
-        return list(csv.DictReader(f))
+from test_trainer import _rows, _run  # noqa: E402  (the CLI run / kill helpers of the trainer's resume test)
 
 
 def test_resume_with_overlap_continues_exactly(tmp_path):
@@ -157,7 +131,7 @@ def test_resume_with_overlap_continues_exactly(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     killed = tmp_path / "killed"
     ckpt = killed / "checkpoints" / "step_000002"
-    _run(killed, *args, kill_after=ckpt)
+    _run(killed, *args, wait_for=ckpt)
     # the batch generated ahead (by step 1's weights) is part of the checkpoint
     ahead = torch.load(ckpt / "batch_ahead.pt", weights_only=False)
     assert (ahead.step, ahead.version) == (2, 1)
