@@ -88,14 +88,15 @@ def min_detectable_difference(a: Sequence[float], b: Sequence[float], level: flo
     """The smallest true difference of means that a Welch test at ``level`` would detect with probability
     ``power``, given the spread the two groups of runs show: (t_{1−α/2} + t_{power}) × SE, with Welch's SE
     and degrees of freedom. A budget's resolution — a difference below it is expected to read as noise.
-    NaN with fewer than two runs in a group; 0 when neither group has any spread."""
+    NaN with fewer than two runs in a group, or when neither group has any spread (nothing to estimate it
+    from: seeds that agree say nothing about how much they could differ)."""
     x, y = _clean(a), _clean(b)
     if x.size < 2 or y.size < 2:
         return math.nan
     vx, vy = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
     se = math.sqrt(vx + vy)
     if se == 0:
-        return 0.0
+        return math.nan
     df = (vx + vy) ** 2 / (vx ** 2 / (x.size - 1) + vy ** 2 / (y.size - 1))
     return (t_quantile(0.5 + level / 2, df) + t_quantile(power, df)) * se
 

@@ -641,13 +641,13 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
         lines += ["**Which differences are significant** (difference of seed means, Welch 95 % interval; "
                   "*significant* = the interval excludes 0, *noise* = it does not, *n/a* = there is no interval: "
                   "a variant has one seed, or each variant's seeds agree exactly, see above):", "",
-                  "| a − b | metric | difference | 95 % CI | smallest detectable (80 % power) | verdict |",
-                  "|---|---|---:|---:|---:|---|"]
+                  "| a − b | metric | difference | 95 % CI | verdict | smallest detectable (80 % power) |",
+                  "|---|---|---:|---:|---|---:|"]
         for d in diffs:
             ci = _fmt_ci((d["diff"], d["low"], d["high"]), d.get("undefined"))
             mdd = d.get("min_detectable", math.nan)
-            lines.append(f"| `{d['a']}` − `{d['b']}` | {d['metric']} | {d['diff']:+.3f} | {ci} | "
-                         f"{'n/a' if math.isnan(mdd) else f'{mdd:.3f}'} | {d['verdict']} |")
+            lines.append(f"| `{d['a']}` − `{d['b']}` | {d['metric']} | {d['diff']:+.3f} | {ci} | {d['verdict']} | "
+                         f"{'n/a' if math.isnan(mdd) else f'{mdd:.3f}'} |")
         sig = sum(d["verdict"] == "significant" for d in diffs)
         undefined = sum(d["verdict"] == "n/a" for d in diffs)
         rest = len(diffs) - sig - undefined
