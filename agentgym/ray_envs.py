@@ -103,18 +103,29 @@ class NodeSandbox:
         """Nothing to release here: the node's service outlives env actors (see close_node_sandboxes)."""
 
 
-def close_node_sandboxes() -> int:
-    """Kill every sandbox service (all nodes); returns how many. Called when the driver's last env closes."""
-    import ray
+def _service_names() -> list[str]:
     from ray.util import list_named_actors
+    return [entry["name"] for entry in list_named_actors(all_namespaces=True)
+            if entry.get("namespace") == SERVICE_NAMESPACE and entry.get("name", "").startswith("sandbox-")]
+
+
+def close_node_sandboxes(wait_s: float = 15.0) -> int:
+    """Kill every sandbox service (all nodes); returns how many. Called when the driver's last env closes.
+    ``ray.kill`` is asynchronous: this waits (up to ``wait_s``) until the services are gone from the
+    cluster, so a caller that closes its last env and starts new ones never finds the old services."""
+    import time
+
+    import ray
     n = 0
-    for entry in list_named_actors(all_namespaces=True):
-        if entry.get("namespace") == SERVICE_NAMESPACE and entry.get("name", "").startswith("sandbox-"):
-            try:
-                ray.kill(ray.get_actor(entry["name"], namespace=SERVICE_NAMESPACE))
-                n += 1
-            except ValueError:  # gone meanwhile
-                pass
+    for name in _service_names():
+        try:
+            ray.kill(ray.get_actor(name, namespace=SERVICE_NAMESPACE))
+            n += 1
+        except ValueError:  # gone meanwhile
+            pass
+    deadline = time.monotonic() + wait_s
+    while n and _service_names() and time.monotonic() < deadline:
+        time.sleep(0.1)
     return n
 
 
