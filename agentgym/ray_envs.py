@@ -24,14 +24,18 @@ machine, ``ray start --address=HEAD:6379`` on the others).
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 from typing import Any, Callable, Mapping
 
 __all__ = ["NodeSandbox", "RayEnv", "SandboxService", "close_node_sandboxes", "ensure_ray", "make_ray_envs"]
 
 ACTOR_FAILED = "env_actor_failed"
 SERVICE_NAMESPACE = "agentgym"
-_OPEN_ENVS: list[int] = [0]  # RayEnv proxies of this driver not yet closed
+# RayEnv proxies of this driver still open (weak: a proxy dropped without close() no longer counts, so an
+# env leaked elsewhere in the process cannot keep the node services alive forever)
+_OPEN_ENVS: "weakref.WeakSet[RayEnv]" = weakref.WeakSet()
 
 
 class SandboxService:
@@ -189,7 +193,7 @@ class RayEnv:
         self._factory = factory
         self._node_sandbox = node_sandbox
         self._open = True
-        _OPEN_ENVS[0] += 1
+        _OPEN_ENVS.add(self)
         options = dict(resources or {"num_cpus": 0})
         self._cls = ray.remote(_EnvHost).options(**options)
         self._attrs: dict[str, Any] = {}
@@ -266,8 +270,10 @@ class RayEnv:
             pass
         if self._open:
             self._open = False
-            _OPEN_ENVS[0] -= 1
-            if _OPEN_ENVS[0] == 0 and self._node_sandbox:
+            _OPEN_ENVS.discard(self)
+            if len(_OPEN_ENVS):
+                gc.collect()   # proxies nobody references any more (never closed) are not users
+            if not len(_OPEN_ENVS) and self._node_sandbox:
                 try:
                     close_node_sandboxes()
                 except Exception:  # the cluster is already gone
