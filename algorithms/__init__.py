@@ -13,6 +13,8 @@ from agentgym.algorithms.batch import Batch, collate
 from agentgym.algorithms.catalog import (LEARNERS, CISPOConfig, DualClipPPOConfig, GRPOConfig, GRPOLearner, GSPOConfig,
                                          PPOConfig, PPOLearner, ReinforceConfig, ReinforceLearner, RLOOConfig,
                                          learner_needs_groups, make_learner, register_learner)
+# the negative controls (grpo-shuffled) register themselves like any user module would
+from agentgym.algorithms.controls import is_negative_control_learner
 from agentgym.algorithms.config import LearnerConfig, UpdateConfig, compose_config, resolve_config
 from agentgym.algorithms.critic import CriticSettings, ValueModel
 from agentgym.algorithms.learner import Learner
@@ -40,6 +42,6 @@ __all__ = [
     "GSPOConfig", "CISPOConfig", "PPOConfig", "DualClipPPOConfig", "compose_config", "resolve_config",
     "AdvantageInputs", "AdvantageEstimator", "PolicyObjective", "Learner", "ReinforceLearner", "PPOLearner",
     "GRPOLearner", "ValueModel", "ADVANTAGES", "OBJECTIVES", "LEARNERS", "register_advantage", "register_objective",
-    "register_learner", "make_learner", "learner_needs_groups", "lr_factor",
+    "register_learner", "make_learner", "learner_needs_groups", "is_negative_control_learner", "lr_factor",
     "EnvRollout", "episode_reward", "make_task_dataset", "train_with_trl",
 ]
