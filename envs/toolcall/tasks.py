@@ -3,7 +3,7 @@ and the answer check, built from a generated store."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -53,120 +53,158 @@ def _money(cents: int) -> str:
     return f"{cents / 100:.2f} EUR"
 
 
+# A family builder draws one request over ``data`` and returns (request, gold plan, answer check, oracle
+# answer); builders whose task changes the database also fill in ``goal``. The draws' order is the task set.
+_Built = tuple[str, list[dict[str, Any]], dict[str, Any] | None, str]
+_Stock = dict[int, dict[str, int]]
+
+
+def _no_tool(data: StoreData, rng: np.random.Generator, stock: _Stock, goal: dict[str, Any]) -> _Built:
+    """A policy question (the system prompt holds the answer) or arithmetic over the request itself."""
+    if rng.random() < 0.5:
+        options = [
+            ("How many days do I have to return an item?", data.return_days, f"{data.return_days} days"),
+            ("From what order value is shipping free (in EUR)?", data.free_shipping_over_eur,
+             f"Shipping is free from {data.free_shipping_over_eur} EUR."),
+            ("How much does standard shipping cost?", data.shipping_fee_cents / 100, _money(data.shipping_fee_cents)),
+            ("How many business days does standard delivery take?", data.delivery_days, f"{data.delivery_days} business days"),
+        ]
+        request, value, text = options[int(rng.integers(len(options)))]
+    else:
+        (q1, c1), (q2, c2) = [(int(rng.integers(1, 6)), int(rng.integers(3, 80)) * 100 + int(rng.choice([0, 50, 99])))
+                              for _ in range(2)]
+        total = q1 * c1 + q2 * c2
+        request = (f"I'm buying {q1} item(s) at {c1 / 100:.2f} EUR each and {q2} item(s) at {c2 / 100:.2f} EUR each. "
+                   "What is the total before shipping?")
+        value, text = total / 100, f"The total is {_money(total)}."
+    return request, [], {"kind": "number", "value": value}, text
+
+
+def _price_lookup(data: StoreData, rng: np.random.Generator, stock: _Stock, goal: dict[str, Any]) -> _Built:
+    pid, name, cat, cents = _pick(rng, data.products)
+    request = str(rng.choice([f"How much does the {name} cost?", f"What is the price of the {name}?"]))
+    plan = [_call("search_product", {"query": name}, target_id=pid)]
+    return request, plan, {"kind": "number", "value": cents / 100}, f"The {name} costs {_money(cents)}."
+
+
+def _stock_check(data: StoreData, rng: np.random.Generator, stock: _Stock, goal: dict[str, Any]) -> _Built:
+    pid, name, _, _ = _pick(rng, data.products)
+    loc = _pick(rng, data.locations)
+    qty = stock[pid][loc]
+    request = f"How many units of the {name} are in stock at our {loc} store?"
+    plan = [_call("search_product", {"query": name}, target_id=pid),
+            _call("check_inventory", {"product_id": pid, "location": loc}, optional=["location"])]
+    return request, plan, {"kind": "number", "value": qty}, f"{loc} has {qty} unit(s) of the {name}."
+
+
+def _customer_lookup(data: StoreData, rng: np.random.Generator, stock: _Stock, goal: dict[str, Any]) -> _Built:
+    cid, cname, email, city = _pick(rng, data.customers)
+    request = f"Which city is the customer with the email {email} registered in?"
+    plan = [_call("find_customer", {"query": email}, target_id=cid)]
+    return request, plan, {"kind": "text", "values": [city]}, f"{cname} is registered in {city}."
+
+
+def _order_lookup(data: StoreData, rng: np.random.Generator, stock: _Stock, goal: dict[str, Any]) -> _Built:
+    """The order's status (other statuses count as wrong) or its product."""
+    oid, _, pid, _, _, status, _ = _pick(rng, data.orders)
+    pname = data.product(pid)[1]
+    plan = [_call("get_order", {"order_id": oid})]
+    if rng.random() < 0.7:
+        request = str(rng.choice([f"What is the status of order {oid}?", f"Can you check where my order #{oid} stands?"]))
+        others = [s for s in ORDER_STATUSES if s != status]
+        return request, plan, {"kind": "text", "values": [status], "exclude": others}, f"Order {oid} is {status}."
+    request = f"Which product is in order {oid}?"
+    return request, plan, {"kind": "text", "values": [pname]}, f"Order {oid} contains the {pname}."
+
+
+def _place_order(data: StoreData, rng: np.random.Generator, stock: _Stock, goal: dict[str, Any]) -> _Built:
+    """Order a product some store has enough of, from a named store half of the time."""
+    cid, _, email, _ = _pick(rng, data.customers)
+    q = int(rng.integers(1, 4))
+    pid, name, _, _ = _pick(rng, [p for p in data.products if max(stock[p[0]].values()) >= q])
+    loc = _pick(rng, [s for s, n in stock[pid].items() if n >= q]) if rng.random() < 0.5 else None
+    where = f", shipped from our {loc} store" if loc else ""
+    request = str(rng.choice([
+        f"Please order {q} x {name} for the customer with the email {email}{where}. Tell me the order number.",
+        f"Customer {email} would like {q} unit(s) of the {name}{where}. Place the order and give me its number."]))
+    args = {"product_id": pid, "quantity": q, "customer_id": cid, **({"location": loc} if loc else {})}
+    plan = [_call("find_customer", {"query": email}, target_id=cid),
+            _call("search_product", {"query": name}, target_id=pid),
+            _call("create_order", args)]
+    goal["new_orders"] = [{"customer_id": cid, "product_id": pid, "quantity": q, "location": loc}]
+    return request, plan, {"kind": "order_id"}, "Done: order {order_id} is placed."
+
+
+def _cancel_order(data: StoreData, rng: np.random.Generator, stock: _Stock, goal: dict[str, Any]) -> _Built:
+    """Cancel an open order, by id or by naming its (only open) product for that customer."""
+    open_orders = [o for o in data.orders if o[5] == "placed"
+                   and sum(p[1] == o[1] and p[2] == o[2] and p[5] == "placed" for p in data.orders) == 1]
+    oid, cid, pid, _, _, _, _ = _pick(rng, open_orders)
+    _, cname, email, _ = data.customer(cid)
+    if rng.random() < 0.3:
+        request = f"Please cancel order {oid}; I no longer need it."
+        plan = [_call("cancel_order", {"order_id": oid})]
+    else:
+        request = f"Hi, this is {cname} ({email}). Please cancel my open order for the {data.product(pid)[1]}."
+        plan = [_call("find_customer", {"query": email}, target_id=cid),
+                _call("get_customer", {"customer_id": cid}),
+                _call("cancel_order", {"order_id": oid})]
+    goal["cancelled"] = [oid]
+    return request, plan, None, f"Order {oid} is cancelled."
+
+
+def _availability(data: StoreData, rng: np.random.Generator, stock: _Stock, goal: dict[str, Any]) -> _Built:
+    """Can one store ship q units? If none can, the answer is the total across stores."""
+    products = data.products
+    if rng.random() < 0.6:  # out of stock: fewer units in total than requested
+        pid, name, _, _ = _pick(rng, [p for p in products if 0 < sum(stock[p[0]].values()) <= 8])
+        total = sum(stock[pid].values())
+        q = total + int(rng.integers(1, 4))
+        check, answer = {"kind": "number", "value": total}, f"No single store can ship {q}; we have {total} in total."
+    else:
+        pid, name, _, _ = _pick(rng, [p for p in products if max(stock[p[0]].values()) >= 2])
+        q = int(rng.integers(1, max(stock[pid].values()) + 1))
+        stores = [s for s, n in stock[pid].items() if n >= q]
+        check, answer = {"kind": "text", "values": stores}, f"Yes, {stores[0]} can ship all {q}."
+    request = (f"A customer on the phone wants {q} units of the {name}. Can we ship all {q} from a single store? "
+               "If yes, name a store that can; if not, tell me how many units we have in total across all stores.")
+    plan = [_call("search_product", {"query": name}, target_id=pid), _call("check_inventory", {"product_id": pid})]
+    return request, plan, check, answer
+
+
+def _out_of_stock_fallback(data: StoreData, rng: np.random.Generator, stock: _Stock,
+                           goal: dict[str, Any]) -> _Built:
+    """The preferred store lacks stock; the order must go to a store that has it."""
+    cid, _, email, _ = _pick(rng, data.customers)
+    q = int(rng.integers(1, 4))
+    candidates = [(p, s) for p in data.products for s in data.locations
+                  if stock[p[0]][s] < q and max(stock[p[0]].values()) >= q]
+    (pid, name, _, _), pref = _pick(rng, candidates)
+    fallback = max(sorted(stock[pid]), key=lambda s: stock[pid][s])
+    request = (f"Please order {q} x {name} for the customer {email}, shipped from our {pref} store. If {pref} "
+               f"cannot supply all {q}, ship from any store that can. Tell me the order number.")
+    plan = [_call("find_customer", {"query": email}, target_id=cid),
+            _call("search_product", {"query": name}, target_id=pid),
+            _call("check_inventory", {"product_id": pid}, loose=["location"]),
+            _call("create_order", {"product_id": pid, "quantity": q, "customer_id": cid, "location": fallback},
+                  loose=["location"])]
+    goal["new_orders"] = [{"customer_id": cid, "product_id": pid, "quantity": q, "location": None}]
+    return request, plan, {"kind": "order_id"}, "Done: order {order_id} is placed (from another store)."
+
+
+_BUILDERS: dict[str, Callable[[StoreData, np.random.Generator, _Stock, dict[str, Any]], _Built]] = {
+    "no_tool": _no_tool, "price_lookup": _price_lookup, "stock_check": _stock_check,
+    "customer_lookup": _customer_lookup, "order_lookup": _order_lookup, "place_order": _place_order,
+    "cancel_order": _cancel_order, "availability": _availability, "out_of_stock_fallback": _out_of_stock_fallback,
+}
+
+
 def _build_task(family: str, data: StoreData, rng: np.random.Generator) -> dict[str, Any]:
     """One request of ``family`` over ``data``: prompt, gold plan, goal, answer check, oracle answer."""
-    products = data.products
-    stock = {p[0]: data.stock(p[0]) for p in products}
+    stock = {p[0]: data.stock(p[0]) for p in data.products}
     goal: dict[str, Any] = {"new_orders": [], "cancelled": []}
-    check: dict[str, Any] | None
-    if family == "no_tool":
-        if rng.random() < 0.5:
-            options = [
-                ("How many days do I have to return an item?", data.return_days, f"{data.return_days} days"),
-                ("From what order value is shipping free (in EUR)?", data.free_shipping_over_eur,
-                 f"Shipping is free from {data.free_shipping_over_eur} EUR."),
-                ("How much does standard shipping cost?", data.shipping_fee_cents / 100, _money(data.shipping_fee_cents)),
-                ("How many business days does standard delivery take?", data.delivery_days, f"{data.delivery_days} business days"),
-            ]
-            request, value, text = options[int(rng.integers(len(options)))]
-        else:
-            (q1, c1), (q2, c2) = [(int(rng.integers(1, 6)), int(rng.integers(3, 80)) * 100 + int(rng.choice([0, 50, 99])))
-                                  for _ in range(2)]
-            total = q1 * c1 + q2 * c2
-            request = (f"I'm buying {q1} item(s) at {c1 / 100:.2f} EUR each and {q2} item(s) at {c2 / 100:.2f} EUR each. "
-                       "What is the total before shipping?")
-            value, text = total / 100, f"The total is {_money(total)}."
-        plan, check, answer = [], {"kind": "number", "value": value}, text
-    elif family == "price_lookup":
-        pid, name, cat, cents = _pick(rng, products)
-        request = str(rng.choice([f"How much does the {name} cost?", f"What is the price of the {name}?"]))
-        plan = [_call("search_product", {"query": name}, target_id=pid)]
-        check, answer = {"kind": "number", "value": cents / 100}, f"The {name} costs {_money(cents)}."
-    elif family == "stock_check":
-        pid, name, _, _ = _pick(rng, products)
-        loc = _pick(rng, data.locations)
-        qty = stock[pid][loc]
-        request = f"How many units of the {name} are in stock at our {loc} store?"
-        plan = [_call("search_product", {"query": name}, target_id=pid),
-                _call("check_inventory", {"product_id": pid, "location": loc}, optional=["location"])]
-        check, answer = {"kind": "number", "value": qty}, f"{loc} has {qty} unit(s) of the {name}."
-    elif family == "customer_lookup":
-        cid, cname, email, city = _pick(rng, data.customers)
-        request = f"Which city is the customer with the email {email} registered in?"
-        plan = [_call("find_customer", {"query": email}, target_id=cid)]
-        check, answer = {"kind": "text", "values": [city]}, f"{cname} is registered in {city}."
-    elif family == "order_lookup":
-        oid, _, pid, _, _, status, _ = _pick(rng, data.orders)
-        pname = data.product(pid)[1]
-        plan = [_call("get_order", {"order_id": oid})]
-        if rng.random() < 0.7:
-            request = str(rng.choice([f"What is the status of order {oid}?", f"Can you check where my order #{oid} stands?"]))
-            others = [s for s in ORDER_STATUSES if s != status]
-            check, answer = {"kind": "text", "values": [status], "exclude": others}, f"Order {oid} is {status}."
-        else:
-            request = f"Which product is in order {oid}?"
-            check, answer = {"kind": "text", "values": [pname]}, f"Order {oid} contains the {pname}."
-    elif family == "place_order":
-        cid, _, email, _ = _pick(rng, data.customers)
-        q = int(rng.integers(1, 4))
-        pid, name, _, _ = _pick(rng, [p for p in products if max(stock[p[0]].values()) >= q])
-        loc = _pick(rng, [s for s, n in stock[pid].items() if n >= q]) if rng.random() < 0.5 else None
-        where = f", shipped from our {loc} store" if loc else ""
-        request = str(rng.choice([
-            f"Please order {q} x {name} for the customer with the email {email}{where}. Tell me the order number.",
-            f"Customer {email} would like {q} unit(s) of the {name}{where}. Place the order and give me its number."]))
-        args = {"product_id": pid, "quantity": q, "customer_id": cid, **({"location": loc} if loc else {})}
-        plan = [_call("find_customer", {"query": email}, target_id=cid),
-                _call("search_product", {"query": name}, target_id=pid),
-                _call("create_order", args)]
-        goal["new_orders"] = [{"customer_id": cid, "product_id": pid, "quantity": q, "location": loc}]
-        check, answer = {"kind": "order_id"}, "Done: order {order_id} is placed."
-    elif family == "cancel_order":
-        open_orders = [o for o in data.orders if o[5] == "placed"
-                       and sum(p[1] == o[1] and p[2] == o[2] and p[5] == "placed" for p in data.orders) == 1]
-        oid, cid, pid, _, _, _, _ = _pick(rng, open_orders)
-        _, cname, email, _ = data.customer(cid)
-        if rng.random() < 0.3:
-            request = f"Please cancel order {oid}; I no longer need it."
-            plan = [_call("cancel_order", {"order_id": oid})]
-        else:
-            request = f"Hi, this is {cname} ({email}). Please cancel my open order for the {data.product(pid)[1]}."
-            plan = [_call("find_customer", {"query": email}, target_id=cid),
-                    _call("get_customer", {"customer_id": cid}),
-                    _call("cancel_order", {"order_id": oid})]
-        goal["cancelled"] = [oid]
-        check, answer = None, f"Order {oid} is cancelled."
-    elif family == "availability":
-        if rng.random() < 0.6:  # out of stock: fewer units in total than requested
-            pid, name, _, _ = _pick(rng, [p for p in products if 0 < sum(stock[p[0]].values()) <= 8])
-            total = sum(stock[pid].values())
-            q = total + int(rng.integers(1, 4))
-            check, answer = {"kind": "number", "value": total}, f"No single store can ship {q}; we have {total} in total."
-        else:
-            pid, name, _, _ = _pick(rng, [p for p in products if max(stock[p[0]].values()) >= 2])
-            q = int(rng.integers(1, max(stock[pid].values()) + 1))
-            stores = [s for s, n in stock[pid].items() if n >= q]
-            check, answer = {"kind": "text", "values": stores}, f"Yes, {stores[0]} can ship all {q}."
-        request = (f"A customer on the phone wants {q} units of the {name}. Can we ship all {q} from a single store? "
-                   "If yes, name a store that can; if not, tell me how many units we have in total across all stores.")
-        plan = [_call("search_product", {"query": name}, target_id=pid), _call("check_inventory", {"product_id": pid})]
-    elif family == "out_of_stock_fallback":
-        cid, _, email, _ = _pick(rng, data.customers)
-        q = int(rng.integers(1, 4))
-        candidates = [(p, s) for p in products for s in data.locations
-                      if stock[p[0]][s] < q and max(stock[p[0]].values()) >= q]
-        (pid, name, _, _), pref = _pick(rng, candidates)
-        fallback = max(sorted(stock[pid]), key=lambda s: stock[pid][s])
-        request = (f"Please order {q} x {name} for the customer {email}, shipped from our {pref} store. If {pref} "
-                   f"cannot supply all {q}, ship from any store that can. Tell me the order number.")
-        plan = [_call("find_customer", {"query": email}, target_id=cid),
-                _call("search_product", {"query": name}, target_id=pid),
-                _call("check_inventory", {"product_id": pid}, loose=["location"]),
-                _call("create_order", {"product_id": pid, "quantity": q, "customer_id": cid, "location": fallback},
-                      loose=["location"])]
-        goal["new_orders"] = [{"customer_id": cid, "product_id": pid, "quantity": q, "location": None}]
-        check, answer = {"kind": "order_id"}, "Done: order {order_id} is placed (from another store)."
-    else:
+    if family not in _BUILDERS:
         raise ValueError(f"unknown task family {family!r}; families: {sorted(FAMILIES)}")
+    request, plan, check, answer = _BUILDERS[family](data, rng, stock, goal)
     return {"family": family, "request": request, "plan": plan, "goal": goal, "answer_check": check,
             "oracle_answer": answer}
