@@ -1,0 +1,231 @@
+"""``ReActEnv``: the env, its search / lookup / calculator tools and its system prompt (see the package
+docstring for the rules)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+from agentgym import AgentEnv, Reward, Tool, ToolSet, Transition
+from agentgym.parsing import parse_react
+from agentgym.rewards import ExactMatch, InvalidActionPenalty
+from agentgym.envs.calculator import calculator
+from agentgym.envs.searchqa.data import bundled_dataset, split_title
+from agentgym.envs.retrieval.base import format_passages
+from agentgym.envs.retrieval.shared import get_retriever
+
+from .oracle import hop_chain, solve
+from .rewards import DEFAULT_WEIGHTS, TOOL_ACTION_TYPES, ThoughtQuality, ToolEfficiency, ToolOveruse, WrongAnswer
+from .text import OBS, plain_input, tool_name
+
+__all__ = ["ReActEnv", "REACT_SYSTEM_PROMPT"]
+
+REACT_SYSTEM_PROMPT = """\
+You answer questions about a fictional world by reasoning and using tools, one step per reply.
+Each reply starts with a line "Thought: ..." saying what you know and what you need next, followed by either
+Action: <tool name>
+Action Input: <one line of input>
+or, once you know the answer,
+Final Answer: <the answer in a few words>
+After an Action, stop: the result comes back to you as "Observation: ...". Never write an Observation yourself.
+
+Tools:
+- search: searches an encyclopedia of the world and returns the top passages. Input: a query; an entity's name works best.
+- lookup: returns the next sentence containing a keyword in the passages of your last search; repeat it to see the next match. Input: the keyword.
+- calculator: evaluates arithmetic exactly. Input: an expression such as (2011 - 1987) * 2.
+
+You cannot know this world from memory: search for every fact you need. A question may need several facts, one search each. Use few tool calls, and write a new thought at every step.
+
+Example:
+Question: In which city was the founder of Brelvo Works born?
+Thought: I need to know who founded Brelvo Works.
+Action: search
+Action Input: Brelvo Works
+Observation: Doc 1(Title: "Brelvo Works") Brelvo Works is a glassmaking company founded in 1961 by Tamsin Oru. ...
+Thought: Brelvo Works was founded by Tamsin Oru. Now I need the city where Tamsin Oru was born.
+Action: search
+Action Input: Tamsin Oru
+Observation: Doc 1(Title: "Tamsin Oru") Tamsin Oru is a chemist born in Karvessa in 1930. ...
+Thought: Tamsin Oru was born in Karvessa, so that is the answer.
+Final Answer: Karvessa"""
+
+_STEP_HINT = ("Write one step: a line 'Thought: ...', then either the lines 'Action: <tool>' and "
+              "'Action Input: <input>' (tools: search, lookup, calculator) or a line 'Final Answer: <answer>'.")
+_QUESTION_TYPES = ("single_hop", "multi_hop", "no_search")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+class ReActEnv(AgentEnv):
+    """Multi-hop question answering in the ReAct format with search, lookup and calculator tools.
+
+    Args:
+        split: ``"train"`` or ``"test"`` questions of the bundled world (disjoint by subject entity).
+        retriever: ``"dense"`` (default, in-process, shared with ``SearchQA-v0``), ``"bm25"``, a
+            retrieval-server URL, an index directory, or an object with ``search(queries, topk)``.
+        topk: passages per search.
+        question_types: which bundled question types to ask (``multi_hop``, ``single_hop``,
+            ``no_search``).
+        single_hop_fraction: the share of single-hop questions among the tasks (all multi-hop
+            questions are kept; single-hop ones are added in dataset order up to this share).
+        few_tool_calls / many_tool_calls: thresholds of ``tool_efficiency`` / ``tool_overuse``.
+        world_seed, world_size: the bundled world (as ``SearchQA-v0``).
+        max_turns: steps before the episode is truncated.
+        reward: a custom :class:`~agentgym.Reward` or new weights for ``DEFAULT_WEIGHTS``' terms.
+    """
+
+    stop_strings = ("\nObservation:",)
+    observation_style = "chat"
+    tool_action_types = TOOL_ACTION_TYPES
+
+    def __init__(self, split: str = "train", retriever: Any = "dense", topk: int = 3,
+                 question_types: Sequence[str] = ("multi_hop", "single_hop"), single_hop_fraction: float = 0.25,
+                 few_tool_calls: int = 3, many_tool_calls: int = 5, world_seed: int = 0,
+                 world_size: str | int = "small", max_turns: int = 8,
+                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
+                 group_reward: Any = None):
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        unknown = set(question_types) - set(_QUESTION_TYPES)
+        if unknown or not question_types:
+            raise ValueError(f"question_types must be a non-empty subset of {_QUESTION_TYPES}, got {question_types!r}")
+        if not 0.0 <= single_hop_fraction < 1.0:
+            raise ValueError(f"single_hop_fraction must be in [0, 1), got {single_hop_fraction}")
+        if not 0 <= few_tool_calls <= many_tool_calls:
+            raise ValueError("need 0 <= few_tool_calls <= many_tool_calls")
+        self.split, self.topk = split, int(topk)
+        self.few_tool_calls, self.many_tool_calls = int(few_tool_calls), int(many_tool_calls)
+        self.world_seed, self.world_size = world_seed, world_size
+        self.corpus, train, test = bundled_dataset(seed=world_seed, size=world_size)
+        self.questions = self._select(train if split == "train" else test, tuple(question_types), single_hop_fraction)
+        if not self.questions:
+            raise ValueError("no questions match question_types / single_hop_fraction")
+        self.num_tasks = len(self.questions)
+        # The key SearchQAEnv uses for its bundled corpus: both envs share one index per process.
+        self._corpus_key = ("bundled", world_seed, world_size)
+        self._retriever_spec = retriever
+        self._retriever: Any = None
+        self.tools = ToolSet([
+            Tool("search", "Search the encyclopedia; returns the top passages.",
+                 {"properties": {"query": {"type": "string", "minLength": 1}}, "required": ["query"],
+                  "additionalProperties": False}, self._search_text),
+            Tool("lookup", "The next sentence containing a keyword in the passages of the last search.",
+                 {"properties": {"keyword": {"type": "string", "minLength": 1}}, "required": ["keyword"],
+                  "additionalProperties": False}, self._lookup),
+            Tool.from_function(calculator),
+        ], timeout_s=None)  # in-process tools; the calculator bounds its own work
+        self._page: list[tuple[str, str]] = []  # (title, sentence) of the last search's passages
+        self._lookup_state: tuple[str, int] | None = None  # (keyword, results shown)
+        self._last_hits: list[Any] = []
+        super().__init__(reward=reward, max_turns=max_turns, render_mode=render_mode, group_reward=group_reward)
+
+    @staticmethod
+    def _select(rows: list[dict], types: tuple[str, ...], single_hop_fraction: float) -> list[dict]:
+        """All multi-hop and no-search rows asked for, plus single-hop rows up to their share."""
+        chosen = [r for r in rows if r["type"] in types and r["type"] != "single_hop"]
+        singles = [r for r in rows if r["type"] == "single_hop"] if "single_hop" in types else []
+        if chosen and singles:
+            singles = singles[:round(len(chosen) * single_hop_fraction / (1.0 - single_hop_fraction))]
+        keep = {id(r) for r in chosen + singles}
+        return [r for r in rows if id(r) in keep]  # dataset order (already shuffled by the generator)
+
+    # -- retrieval and tools
+    @property
+    def retriever(self) -> Any:
+        if self._retriever is None:
+            self._retriever = get_retriever(self._retriever_spec, self.corpus, self._corpus_key)
+        return self._retriever
+
+    def _search_text(self, query: str) -> str:
+        hits = self.retriever.search([query], topk=self.topk)[0]
+        self._last_hits = list(hits)
+        self._page = []
+        for h in hits:
+            title, text = split_title(h.contents)
+            self._page += [(title, s) for s in _SENTENCE_END.split(text.strip()) if s.strip()]
+        self._lookup_state = None  # a new page: lookups start over (as in the ReAct paper)
+        return format_passages(hits).strip() or "No results."
+
+    def _lookup(self, keyword: str) -> str:
+        if not self._page:
+            return "There is nothing to look up yet: search first."
+        key = keyword.strip().lower()
+        matches = [(t, s) for t, s in self._page if key in s.lower()]
+        if not matches:
+            self._lookup_state = None
+            return f"No sentence in the last search results contains {keyword.strip()!r}."
+        shown = self._lookup_state[1] if self._lookup_state and self._lookup_state[0] == key else 0
+        if shown >= len(matches):
+            return "No more results."
+        self._lookup_state = (key, shown + 1)
+        title, sentence = matches[shown]
+        return f"(Result {shown + 1} / {len(matches)}) [{title}] {sentence}"
+
+    # -- AgentEnv API
+    def get_task(self, index: int) -> dict[str, Any]:
+        task = dict(self.questions[index])
+        task["hop_chain"] = hop_chain(task, self.world_seed, self.world_size)
+        return task
+
+    def initial_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+        return [{"role": "system", "content": REACT_SYSTEM_PROMPT},
+                {"role": "user", "content": f"Question: {task['question']}"}]
+
+    def default_reward(self) -> Reward:
+        terms = [ExactMatch(name="correct"), WrongAnswer(), ToolEfficiency(self.few_tool_calls),
+                 ToolOveruse(self.many_tool_calls), ThoughtQuality(), InvalidActionPenalty(name="format_error")]
+        return Reward([(t, DEFAULT_WEIGHTS[t.name]) for t in terms])
+
+    def on_reset(self, task: Mapping[str, Any]) -> None:
+        self._page, self._lookup_state, self._last_hits = [], None, []
+
+    def _observe(self, text: str) -> list[dict[str, str]]:
+        return [{"role": "user", "content": OBS + text}]
+
+    def _format_error(self, why: str, parsed: Any) -> Transition:
+        return self.invalid(f"{OBS}Invalid step: {why}. {_STEP_HINT}", parsed=parsed)
+
+    def transition(self, action: str) -> Transition:
+        step = parse_react(action)
+        info: dict[str, Any] = {"thought": step.thought}
+        if step.final_answer is not None:
+            return Transition([], "answer", parsed=step, terminated=True, answer=step.final_answer, info=info)
+        if step.error is not None:
+            return self._format_error(step.error, step)
+        name = tool_name(step.action or "")
+        arg = plain_input(step.action_input)
+        if name == "finish":  # the paper's Finish[answer]
+            if not arg:
+                return self._format_error("'Action: Finish' needs the answer as its Action Input", step)
+            return Transition([], "answer", parsed=step, terminated=True, answer=arg, info=info)
+        if name not in self.tools:
+            return self._format_error(f"unknown tool {step.action.strip()[:80]!r}; the tools are search, lookup "
+                                      "and calculator", step)
+        if not arg:
+            return self._format_error(f"'{name}' needs a non-empty Action Input", step)
+        argument = {"search": "query", "lookup": "keyword", "calculator": "expression"}[name]
+        result = self.tools.call(name, {argument: arg})
+        info.update(tool=name, tool_input=arg, tool_ok=result.ok)
+        if name == "search":
+            info.update(query=arg, retrieved_ids=[h.doc_id for h in self._last_hits] if result.ok else [],
+                        retrieved_text=result.content)
+        action_type = name if name in ("search", "lookup") else "tool_call"
+        return Transition(self._observe(result.content), action_type, parsed=step, info=info)
+
+    def episode_metrics(self) -> dict[str, Any]:
+        counts = {t: sum(r.action_type == t for r in self._history) for t in TOOL_ACTION_TYPES}
+        gold = [str(d) for d in self.task.get("gold_doc_ids", [])]
+        retrieved = {d for r in self._history for d in r.info.get("retrieved_ids", [])}
+        return {"searches": counts["search"], "lookups": counts["lookup"], "calculator_calls": counts["tool_call"],
+                "question_type": self.task.get("type"), "hops": self.task.get("hops"),
+                "gold_recall": (sum(d in retrieved for d in gold) / len(gold)) if gold else None}
+
+    def close(self) -> None:
+        self.tools.close()
+
+    # -- reference policy
+    @staticmethod
+    def oracle(context: Mapping[str, Any]) -> str:
+        """Scripted reference that solves bundled tasks with real tool use; see :func:`.oracle.solve`."""
+        return solve(context)
