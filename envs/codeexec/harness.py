@@ -216,10 +216,8 @@ def _wait(pid, deadline):
 
 def _run_test(P, test, index, workdir, time_limit):
     """Fork a child for one test, wait with a wall-clock limit, collect its result and output."""
-    stdin_path = os.path.join(workdir, "stdin_%d" % index)
-    out_path = os.path.join(workdir, "out_%d" % index)
-    err_path = os.path.join(workdir, "err_%d" % index)
-    result_path = os.path.join(workdir, "result_%d" % index)
+    paths = [os.path.join(workdir, "%s_%d" % (name, index)) for name in ("stdin", "out", "err", "result")]
+    stdin_path, out_path, err_path, result_path = paths
     with open(stdin_path, "w", encoding="utf-8") as f:
         f.write(test.get("stdin", ""))
     sys.stdout.flush()
@@ -227,32 +225,9 @@ def _run_test(P, test, index, workdir, time_limit):
     start = time.monotonic()
     pid = _fork()
     if pid == 0:
-        try:
-            os.setpgid(0, 0)
-            for fd, path, flags in ((0, stdin_path, os.O_RDONLY), (1, out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                                    (2, err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-                src = os.open(path, flags, 0o600)
-                os.dup2(src, fd)
-                os.close(src)
-            try:
-                cap = int(P["max_output_bytes"])
-                resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
-                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-long write raises instead of killing
-            except (ValueError, OSError, AttributeError):
-                pass
-            _child(P, test, index, result_path)
-        finally:
-            _exit(70)
+        _in_child(P, test, index, paths)  # never returns
     status, timed_out = _wait(pid, start + time_limit)
-    try:  # the child and anything it started
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    if timed_out:
-        try:
-            os.waitpid(pid, 0)
-        except OSError:
-            pass
+    _kill_group(pid, timed_out)
     duration = time.monotonic() - start
     limit = P["max_output_chars"]
     stdout, stdout_cut = _read(out_path, limit)
@@ -260,33 +235,11 @@ def _run_test(P, test, index, workdir, time_limit):
     raw, _ = _read(result_path, 1 << 20)
     entry = {"duration_s": round(duration, 3), "stdout": stdout, "stdout_truncated": stdout_cut,
              "stderr": _cut(stderr, P["max_error_chars"])}
-    if timed_out:
-        entry.update(passed=False, status="timeout",
-                     error={"type": "Timeout", "message": "the test did not finish within %gs" % time_limit,
-                            "frames": []})
-    else:
-        try:
-            res = _loads(raw) if raw else None
-        except ValueError:
-            res = None
-        if not isinstance(res, dict):
-            if os.WIFSIGNALED(status):
-                how = "was killed by signal %d" % os.WTERMSIG(status)
-                if os.WTERMSIG(status) == signal.SIGKILL:
-                    how += " (out of memory?)"
-            else:
-                how = "exited with status %d" % os.WEXITSTATUS(status)
-            entry.update(passed=False, status="crashed",
-                         error={"type": "Crash", "message": "the process %s before the test finished" % how,
-                                "frames": []})
-        elif res.get("ok"):
-            entry.update(passed=True, status="passed", error=None)
-        else:
-            entry.update(passed=False, status="failed", error=res.get("error"))
+    entry.update(_outcome(status, timed_out, raw, time_limit))
     if test["kind"] == "io" and entry["status"] == "passed":
         if stdout_cut or _normalize_output(stdout) != _normalize_output(test.get("stdout", "")):
             entry.update(passed=False, status="wrong_output", error=None)
-    for path in (stdin_path, out_path, err_path, result_path):
+    for path in paths:
         try:
             os.unlink(path)
         except OSError:
@@ -298,6 +251,65 @@ def _run_test(P, test, index, workdir, time_limit):
         entry.pop("stdout", None)
         entry.pop("stderr", None)
     return entry
+
+
+def _in_child(P, test, index, paths):
+    """The forked child: its own process group, the test's files as fds 0/1/2, output capped at
+    ``max_output_bytes``; then the test itself. Never returns (exit status 70 if the test body does)."""
+    stdin_path, out_path, err_path, result_path = paths
+    try:
+        os.setpgid(0, 0)
+        for fd, path, flags in ((0, stdin_path, os.O_RDONLY), (1, out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                                (2, err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+            src = os.open(path, flags, 0o600)
+            os.dup2(src, fd)
+            os.close(src)
+        try:
+            cap = int(P["max_output_bytes"])
+            resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-long write raises instead of killing
+        except (ValueError, OSError, AttributeError):
+            pass
+        _child(P, test, index, result_path)
+    finally:
+        _exit(70)
+
+
+def _kill_group(pid, timed_out):
+    """Kill the child and anything it started; reap the child if it was still running."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    if timed_out:
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+
+
+def _outcome(status, timed_out, raw, time_limit):
+    """``passed``, ``status`` and ``error`` of a test from how its child ended and the result it wrote."""
+    if timed_out:
+        return {"passed": False, "status": "timeout",
+                "error": {"type": "Timeout", "message": "the test did not finish within %gs" % time_limit,
+                          "frames": []}}
+    try:
+        res = _loads(raw) if raw else None
+    except ValueError:
+        res = None
+    if not isinstance(res, dict):
+        if os.WIFSIGNALED(status):
+            how = "was killed by signal %d" % os.WTERMSIG(status)
+            if os.WTERMSIG(status) == signal.SIGKILL:
+                how += " (out of memory?)"
+        else:
+            how = "exited with status %d" % os.WEXITSTATUS(status)
+        return {"passed": False, "status": "crashed",
+                "error": {"type": "Crash", "message": "the process %s before the test finished" % how, "frames": []}}
+    if res.get("ok"):
+        return {"passed": True, "status": "passed", "error": None}
+    return {"passed": False, "status": "failed", "error": res.get("error")}
 
 
 def _normalize_output(text):
