@@ -11,6 +11,7 @@ retrieval server (``agentgym retriever serve``) is used with ``retriever="http:/
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any, Mapping, Sequence
@@ -23,7 +24,7 @@ from agentgym.parsing import (
     TagMatch, all_tag_contents, first_tag, last_tag_content, parse_tool_calls, tag_format_errors,
 )
 from agentgym.rewards import CallCost, InvalidActionPenalty, StepEvent, TokenF1, exact_match, normalize_answer
-from agentgym.envs.retrieval.base import format_passages
+from agentgym.envs.retrieval.base import Hit, format_passages
 from agentgym.envs.retrieval.shared import get_retriever
 from agentgym.envs.searchqa.scoring import SCORERS, SearchR1Score, score_search_r1, search_r1_action, search_r1_cut
 
@@ -168,6 +169,11 @@ DEFAULT_WEIGHTS = {"exact_match": 1.0, "f1": 0.0, "search_r1_format": 0.0, "sear
                    "useful_search": 0.0, "invalid": 0.0}
 
 
+def _share_hash(key: str) -> float:
+    """A stable number in [0, 1) for ``key`` (not Python's salted ``hash``): which tasks a share picks."""
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 16**8
+
+
 # ----------------------------------------------------------------------------- env
 class SearchQAEnv(AgentEnv):
     """Answer questions, searching a corpus when needed.
@@ -203,6 +209,13 @@ class SearchQAEnv(AgentEnv):
         stop_at_answer: ``False`` (default): generation stops at ``</search>`` only and the env cuts the
             rest by Search-R1's rule (:func:`search_r1_cut`); ``True`` also stops at ``</answer>``, which is
             faster but not Search-R1's rule (a ``</search>`` after an ``</answer>`` is never generated).
+        oracle_two_hop: the share, in [0, 1], of multi-hop tasks on which :meth:`oracle` searches hop by
+            hop (the question, then the bridge entity it names) instead of once with the whole question;
+            the tasks are picked by a hash of their id, so the same ones every run. ``0`` (default): the
+            one-search oracle everywhere; ``1``: hop by hop on every multi-hop task whose gold passages are
+            in the corpus (the bridge is the title of the second hop's passage: the bundled world's tasks,
+            and any rows with ``gold_doc_ids`` over a Search-R1-format corpus). An SFT set with a small share leaves RL room to learn the
+            second search (Search-R1 in a box v2).
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -213,7 +226,7 @@ class SearchQAEnv(AgentEnv):
                  world_seed: int = 0, world_size: str | int = "small",
                  reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
                  retrieval: str = "agentic", group_reward: Any = None, prompt: str = "auto", scorer: str = "em",
-                 stop_at_answer: bool = False):
+                 stop_at_answer: bool = False, oracle_two_hop: float = 0.0):
         if protocol not in ("search_r1", "chat"):
             raise ValueError(f"protocol must be 'search_r1' or 'chat', got {protocol!r}")
         if retrieval not in RETRIEVAL_MODES:
@@ -230,6 +243,10 @@ class SearchQAEnv(AgentEnv):
             raise ValueError("prompt='parquet' applies to protocol='search_r1'")
         if scorer not in SCORERS:
             raise ValueError(f"scorer must be one of {SCORERS}, got {scorer!r}")
+        if isinstance(oracle_two_hop, bool) or not isinstance(oracle_two_hop, (int, float)) \
+                or not 0.0 <= oracle_two_hop <= 1.0:
+            raise ValueError(f"oracle_two_hop must be a number in [0, 1], got {oracle_two_hop!r}")
+        self.oracle_two_hop = float(oracle_two_hop)
         self.protocol, self.split, self.topk, self.retrieval = protocol, split, topk, retrieval
         self.prompt_source, self.scorer = prompt, scorer
         self.search_turns, self.forced_answer = int(max_turns), bool(forced_answer)
@@ -320,7 +337,22 @@ class SearchQAEnv(AgentEnv):
 
     # -- AgentEnv API
     def get_task(self, index: int) -> dict[str, Any]:
-        return dict(self.questions[index])
+        task = dict(self.questions[index])
+        if self.oracle_two_hop > 0 and _share_hash(str(task.get("id", index))) < self.oracle_two_hop:
+            bridges = self._bridges(task)
+            if bridges:
+                task["oracle_bridges"] = bridges   # privileged (info["privileged"]), read by the oracle only
+        return task
+
+    def _bridges(self, task: Mapping[str, Any]) -> list[str]:
+        """The entities a multi-hop task passes through: the titles of its gold passages after the first
+        (the second hop's passage is the bridge entity's own). Empty without gold passages or a corpus."""
+        golds = [str(g) for g in task.get("gold_doc_ids") or []]
+        if len(golds) < 2 or not self.corpus:
+            return []
+        if getattr(self, "_titles", None) is None:
+            self._titles = {str(d["id"]): Hit(str(d["id"]), d["contents"], 0.0).title.strip('"') for d in self.corpus}
+        return [t for t in (self._titles.get(g, "") for g in golds[1:]) if t]
 
     def _uses_parquet_prompt(self, task: Mapping[str, Any]) -> bool:
         if self.protocol != "search_r1" or self.prompt_source == "template" or not task.get("prompt"):
@@ -423,19 +455,26 @@ class SearchQAEnv(AgentEnv):
     def oracle(context: Mapping[str, Any]) -> str:
         """Privileged reference: search the question once when it needs search, then answer gold.
 
-        Uses the Search-R1 tag protocol; for ``protocol="chat"`` use :meth:`chat_oracle`."""
+        On a task the env picked for hop-by-hop search (``oracle_two_hop``), the next turns search each
+        bridge entity (the first hop's answer) before answering. Uses the Search-R1 tag protocol; for
+        ``protocol="chat"`` use :meth:`chat_oracle`."""
         task = context["task"]
-        answer = task["answers"][0]
-        if task.get("needs_search", True) and context.get("turn", 0) == 0:
+        answer, turn = task["answers"][0], context.get("turn", 0)
+        if task.get("needs_search", True) and turn == 0:
             return f"<think>I need to look this up.</think><search>{task['question']}</search>"
+        bridges = task.get("oracle_bridges") or []
+        if 1 <= turn <= len(bridges):
+            return f"<think>Now I need to know more about {bridges[turn - 1]}.</think><search>{bridges[turn - 1]}</search>"
         return f"<think>I know the answer now.</think><answer>{answer}</answer>"
 
     @staticmethod
     def chat_oracle(context: Mapping[str, Any]) -> str:
         """:meth:`oracle` for ``protocol="chat"``: one JSON ``search`` tool call when needed, then gold."""
         task = context["task"]
-        if task.get("needs_search", True) and context.get("turn", 0) == 0:
-            call = {"name": "search", "arguments": {"query": task["question"]}}
+        turn, bridges = context.get("turn", 0), task.get("oracle_bridges") or []
+        if (task.get("needs_search", True) and turn == 0) or 1 <= turn <= len(bridges):
+            query = task["question"] if turn == 0 else bridges[turn - 1]
+            call = {"name": "search", "arguments": {"query": query}}
             return f"<tool_call>{json.dumps(call, ensure_ascii=False)}</tool_call>"
         return f"<answer>{task['answers'][0]}</answer>"
 
