@@ -38,13 +38,7 @@ def build_index(
     out = Path(out_dir)
     if (out / META_FILE).exists() and not overwrite:
         raise FileExistsError(f"{out} already holds an index; pass overwrite=True to replace it")
-    if show_progress and isinstance(corpus, (str, os.PathLike)):  # a wiki-scale jsonl takes minutes to read
-        from tqdm.auto import tqdm
-
-        with tqdm(iter_jsonl(corpus), desc="reading corpus", unit="doc") as rows:
-            docs = Corpus.from_docs(rows)
-    else:
-        docs = Corpus.coerce(corpus)
+    docs = _read_corpus(corpus, show_progress)
     retriever: Any
     if kind == "dense":
         from .dense import DenseRetriever
@@ -73,6 +67,17 @@ def build_index(
         raise ValueError(f"kind must be 'dense' or 'bm25', got {kind!r}")
     retriever.save(out)
     return retriever
+
+
+def _read_corpus(corpus: PathLike | Iterable[Mapping[str, Any]], show_progress: bool | None) -> Corpus:
+    """The corpus as a :class:`Corpus`; a progress bar when asked and it is a file (a wiki-scale jsonl
+    takes minutes to read)."""
+    if show_progress and isinstance(corpus, (str, os.PathLike)):
+        from tqdm.auto import tqdm
+
+        with tqdm(iter_jsonl(corpus), desc="reading corpus", unit="doc") as rows:
+            return Corpus.from_docs(rows)
+    return Corpus.coerce(corpus)
 
 
 def load_retriever(

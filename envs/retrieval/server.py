@@ -328,15 +328,6 @@ def create_app(
         raise ValueError(f"drain_max_bytes must be >= 0, got {drain_max_bytes}")
     if not drain_timeout_s > 0:
         raise ValueError(f"drain_timeout_s must be > 0, got {drain_timeout_s}")
-
-    class RetrieveRequest(BaseModel):
-        """Search-R1's ``QueryRequest``, with bounds."""
-
-        model_config = ConfigDict(extra="ignore")
-        queries: list[StrictStr] = Field(min_length=1, max_length=max_queries)
-        topk: StrictInt | None = Field(default=None, ge=1, le=max_topk)
-        return_scores: StrictBool = False
-
     worker = BatchingWorker(retriever, max_batch_queries=max_batch_queries)
 
     @asynccontextmanager
@@ -353,9 +344,33 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _validation_reply)
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes, drain_max_bytes=drain_max_bytes,
                        drain_timeout_s=drain_timeout_s)
+    limits = {"default_topk": default_topk, "max_topk": max_topk, "max_queries": max_queries,
+              "max_request_bytes": max_request_bytes}
+    _add_routes(app, _request_model(max_queries, max_topk), worker, retriever, limits)
+    return app
+
+
+def _request_model(max_queries: int, max_topk: int) -> type[BaseModel]:
+    """The ``/retrieve`` body: Search-R1's ``QueryRequest``, with this server's bounds."""
+
+    class RetrieveRequest(BaseModel):
+        """Search-R1's ``QueryRequest``, with bounds."""
+
+        model_config = ConfigDict(extra="ignore")
+        queries: list[StrictStr] = Field(min_length=1, max_length=max_queries)
+        topk: StrictInt | None = Field(default=None, ge=1, le=max_topk)
+        return_scores: StrictBool = False
+
+    return RetrieveRequest
+
+
+def _add_routes(app: FastAPI, request_model: type[BaseModel], worker: BatchingWorker, retriever: Retriever,
+                limits: dict[str, int]) -> None:
+    """``POST /retrieve`` (batched through ``worker``) and ``GET /health`` (``limits`` and counters)."""
+    default_topk = limits["default_topk"]
 
     @app.post("/retrieve")
-    async def retrieve(request: RetrieveRequest) -> JSONResponse:
+    async def retrieve(request: request_model) -> JSONResponse:  # type: ignore[valid-type]
         topk = request.topk if request.topk is not None else default_topk
         try:
             results: list[list[Hit]] = await asyncio.wrap_future(worker.submit(request.queries, topk))
@@ -371,16 +386,11 @@ def create_app(
             "status": "ok",
             "kind": retriever.kind,
             "num_docs": retriever.num_docs,
-            "default_topk": default_topk,
-            "max_topk": max_topk,
-            "max_queries": max_queries,
-            "max_request_bytes": max_request_bytes,
+            **limits,
             "retriever": retriever.describe(),
             "batches": worker.batches,
             "requests": worker.requests,
         }
-
-    return app
 
 
 class ServerBindError(OSError):
