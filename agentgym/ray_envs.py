@@ -10,12 +10,14 @@ A failed actor (killed, its node lost, the sandbox process crashed) never takes 
 step that hit the failure ends that episode as truncated with ``end_reason="env_actor_failed: …"`` in
 its summary, and the proxy starts a fresh actor for the next ``reset``.
 
-One sandbox per node: env actors do not start sandboxes (a Docker pool, bwrap runners) of their own.
-The first env actor on a node that runs code starts the node's :class:`SandboxService`, a named detached
-actor pinned to that node (``agentgym`` namespace), and every env actor of the node sends its ``run`` /
-``run_batch`` calls there (:class:`NodeSandbox`); the service's one warm pool serves them all, from many
-threads. The driver kills the services it started when its last :class:`RayEnv` closes
-(``node_sandbox=False`` keeps the old behaviour: a sandbox per actor process).
+One service per node: env actors need not start heavy services (a Docker pool, bwrap runners) of
+their own. This module offers the generic part: :func:`node_service` starts (or finds) a named detached
+actor pinned to the node (``agentgym`` namespace), :func:`node_services_wanted` tells code running in
+an env actor to use it, and the driver kills the node services when its last :class:`RayEnv` closes
+(``node_services=False``: every actor process starts its own). The code sandbox is such a service
+(its own package's ``ray_service`` module): the first env actor on a node that runs code starts the
+node's sandbox service, and every env actor of the node sends its ``run`` / ``run_batch`` calls there;
+the service's one warm pool serves them all, from many threads. The kernel never names the service.
 
 Ray itself: :func:`ensure_ray` calls ``ray.init()`` for a local cluster unless one is running, or
 connects to ``address`` (an existing cluster started with Ray's own CLI: ``ray start --head`` on one
@@ -29,106 +31,62 @@ import os
 import weakref
 from typing import Any, Callable, Mapping
 
-__all__ = ["NodeSandbox", "RayEnv", "SandboxService", "close_node_sandboxes", "ensure_ray", "make_ray_envs"]
+__all__ = ["RayEnv", "close_node_services", "ensure_ray", "make_ray_envs", "node_service", "node_services_wanted"]
 
 ACTOR_FAILED = "env_actor_failed"
 SERVICE_NAMESPACE = "agentgym"
 # RayEnv proxies of this driver still open (weak: a proxy dropped without close() no longer counts, so an
 # env leaked elsewhere in the process cannot keep the node services alive forever)
 _OPEN_ENVS: "weakref.WeakSet[RayEnv]" = weakref.WeakSet()
+# set in an env actor started with node_services=True (see node_services_wanted)
+_NODE_SERVICES = [False]
 
 
-class SandboxService:
-    """The body of a node's sandbox actor: one sandbox (one warm pool) for every env actor of the node."""
+def node_service(name: str, cls: type, *args: Any) -> Any:
+    """The handle of this node's service actor ``name`` (``cls(*args)``), started if it does not exist yet.
 
-    def __init__(self, spec: str, allow_unsafe: bool):
-        from agentgym.envs.sandbox.selection import resolve_sandbox
-        self.sandbox = resolve_sandbox(spec, allow_unsafe=allow_unsafe)
-
-    def info(self) -> dict[str, Any]:
-        pool = getattr(self.sandbox, "_pool", None)
-        return {"name": self.sandbox.name, "pid": os.getpid(), "runners_started": getattr(pool, "started", None)}
-
-    def run(self, code: str, kwargs: dict[str, Any]) -> Any:
-        return self.sandbox.run(code, **kwargs)
-
-    def run_batch(self, jobs: list[dict[str, Any]]) -> Any:
-        return self.sandbox.run_batch(jobs)
-
-
-def service_name(spec: str, node_id: str) -> str:
-    return f"sandbox-{spec}-{node_id}"
-
-
-def _node_service(spec: str, allow_unsafe: bool) -> Any:
-    """The handle of this node's sandbox service for ``spec``, started if it does not exist yet."""
+    A node service is a named detached actor pinned to the node (namespace :data:`SERVICE_NAMESPACE`):
+    every env actor of the node that asks for ``name`` gets the same one. A service package builds
+    on this (the code sandbox does); the driver stops every node
+    service when its last :class:`RayEnv` closes (:func:`close_node_services`)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     node = ray.get_runtime_context().get_node_id()
-    return ray.remote(SandboxService).options(
-        name=service_name(spec, node), namespace=SERVICE_NAMESPACE, get_if_exists=True, lifetime="detached",
+    return ray.remote(cls).options(
+        name=f"{name}-{node}", namespace=SERVICE_NAMESPACE, get_if_exists=True, lifetime="detached",
         max_concurrency=64, num_cpus=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(spec, allow_unsafe)
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(*args)
 
 
-class NodeSandbox:
-    """What an env actor holds instead of a sandbox: forwards ``run``/``run_batch`` to its node's service.
-
-    A service that died (its node process crashed) is started again on the next call, once.
-    """
-
-    is_security_boundary = True
-
-    def __init__(self, spec: str, allow_unsafe: bool = False):
-        import ray
-        self.spec, self.allow_unsafe = spec, allow_unsafe
-        self._actor = _node_service(spec, allow_unsafe)
-        self.name = ray.get(self._actor.info.remote())["name"]
-
-    def _call(self, method: str, *args: Any) -> Any:
-        import ray
-        from ray.exceptions import RayActorError
-        try:
-            return ray.get(getattr(self._actor, method).remote(*args))
-        except RayActorError:
-            self._actor = _node_service(self.spec, self.allow_unsafe)
-            return ray.get(getattr(self._actor, method).remote(*args))
-
-    def run(self, code: str, **kwargs: Any) -> Any:
-        return self._call("run", code, kwargs)
-
-    def run_batch(self, jobs: list[dict[str, Any]]) -> Any:
-        return self._call("run_batch", [dict(j) for j in jobs])
-
-    def info(self) -> dict[str, Any]:
-        return self._call("info")
-
-    def close(self) -> None:
-        """Nothing to release here: the node's service outlives env actors (see close_node_sandboxes)."""
+def node_services_wanted() -> bool:
+    """True in an env actor started with ``node_services=True``: services (a sandbox, …) should come
+    from the node's one service actor (:func:`node_service`), not be started in this process."""
+    return _NODE_SERVICES[0]
 
 
-def _service_names() -> list[str]:
+def _service_names(prefix: str = "") -> list[str]:
     from ray.util import list_named_actors
     return [entry["name"] for entry in list_named_actors(all_namespaces=True)
-            if entry.get("namespace") == SERVICE_NAMESPACE and entry.get("name", "").startswith("sandbox-")]
+            if entry.get("namespace") == SERVICE_NAMESPACE and entry.get("name", "").startswith(prefix)]
 
 
-def close_node_sandboxes(wait_s: float = 15.0) -> int:
-    """Kill every sandbox service (all nodes); returns how many. Called when the driver's last env closes.
-    ``ray.kill`` is asynchronous: this waits (up to ``wait_s``) until the services are gone from the
-    cluster, so a caller that closes its last env and starts new ones never finds the old services."""
+def close_node_services(prefix: str = "", wait_s: float = 15.0) -> int:
+    """Kill every node service (all nodes) whose name starts with ``prefix``; returns how many. Called
+    when the driver's last env closes. ``ray.kill`` is asynchronous: this waits (up to ``wait_s``) until
+    the services are gone from the cluster, so a caller that closes its last env and starts new ones
+    never finds the old services."""
     import time
 
     import ray
     n = 0
-    for name in _service_names():
+    for name in _service_names(prefix):
         try:
             ray.kill(ray.get_actor(name, namespace=SERVICE_NAMESPACE))
             n += 1
         except ValueError:  # gone meanwhile
             pass
     deadline = time.monotonic() + wait_s
-    while n and _service_names() and time.monotonic() < deadline:
+    while n and _service_names(prefix) and time.monotonic() < deadline:
         time.sleep(0.1)
     return n
 
@@ -149,11 +107,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 class _EnvHost:
     """The actor's body: one env, built from a picklable factory."""
 
-    def __init__(self, factory: Callable[[], Any], node_sandbox: bool = True):
+    def __init__(self, factory: Callable[[], Any], node_services: bool = True):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        if node_sandbox:  # sandboxes resolve to the node's one service, not a pool per actor
-            from agentgym.envs.sandbox.selection import set_sandbox_provider
-            set_sandbox_provider(NodeSandbox)
+        _NODE_SERVICES[0] = node_services  # e.g. sandboxes resolve to the node's one service, not a pool per actor
         self.env = factory()
 
     def reset(self, seed: int | None = None, options: Mapping[str, Any] | None = None) -> Any:
@@ -188,10 +144,10 @@ class RayEnv:
     """A local stand-in for an env living in a Ray actor (restarted after a failure)."""
 
     def __init__(self, factory: Callable[[], Any], *, resources: Mapping[str, Any] | None = None,
-                 node_sandbox: bool = True):
+                 node_services: bool = True):
         import ray
         self._factory = factory
-        self._node_sandbox = node_sandbox
+        self._node_services = node_services
         self._open = True
         _OPEN_ENVS.add(self)
         options = dict(resources or {"num_cpus": 0})
@@ -201,7 +157,7 @@ class RayEnv:
         self._start()
 
     def _start(self) -> None:
-        self.actor = self._cls.remote(self._factory, self._node_sandbox)
+        self.actor = self._cls.remote(self._factory, self._node_services)
 
     def _restart(self) -> None:
         import ray
@@ -273,18 +229,18 @@ class RayEnv:
             _OPEN_ENVS.discard(self)
             if len(_OPEN_ENVS):
                 gc.collect()   # proxies nobody references any more (never closed) are not users
-            if not len(_OPEN_ENVS) and self._node_sandbox:
+            if not len(_OPEN_ENVS) and self._node_services:
                 try:
-                    close_node_sandboxes()
+                    close_node_services()
                 except Exception:  # the cluster is already gone
                     pass
 
 
 def make_ray_envs(env: Any, n: int, env_kwargs: Mapping[str, Any], *, address: str | None = None,
-                  resources: Mapping[str, Any] | None = None, node_sandbox: bool = True) -> list[RayEnv]:
+                  resources: Mapping[str, Any] | None = None, node_services: bool = True) -> list[RayEnv]:
     """``n`` envs in actors. ``env``: a registered id (its Gymnasium ``EnvSpec`` travels to the actor, so
-    user envs registered in the driver work too) or a picklable factory. ``node_sandbox``: code runs in
-    the node's one sandbox service (see the module docstring)."""
+    user envs registered in the driver work too) or a picklable factory. ``node_services``: services such as
+    the code sandbox come from the node's one service actor (see the module docstring)."""
     import functools
 
     ensure_ray(address)
@@ -296,7 +252,7 @@ def make_ray_envs(env: Any, n: int, env_kwargs: Mapping[str, Any], *, address: s
         from agentgym.registry import full_id
         spec = gym.spec(full_id(env))
         factory = functools.partial(_make_from_spec, spec, dict(env_kwargs))
-    return [RayEnv(factory, resources=resources, node_sandbox=node_sandbox) for _ in range(n)]
+    return [RayEnv(factory, resources=resources, node_services=node_services) for _ in range(n)]
 
 
 def _make_from_spec(spec: Any, kwargs: dict[str, Any]) -> Any:

@@ -32,7 +32,7 @@ import gymnasium as gym
 import numpy as np
 
 from agentgym.formatting import Formatter, make_formatter
-from agentgym.policies.backend import as_backend, tokenizer_of
+from agentgym.backend import as_backend, tokenizer_of
 from agentgym.policy import Generation, SamplingParams, cut_at_stop
 from agentgym.rewards import apply_group_reward
 from agentgym.threads import recheck as recheck_threads

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")   # tests/conftest.py: a loc
 def _services() -> list[str]:
     from ray.util import list_named_actors
 
-    from agentgym.ray_envs import SERVICE_NAMESPACE
+    from agentgym.envs.sandbox.ray_service import SERVICE_NAMESPACE
     return [a["name"] for a in list_named_actors(all_namespaces=True)
             if a.get("namespace") == SERVICE_NAMESPACE and a["name"].startswith("sandbox-")]
 
@@ -41,7 +41,7 @@ def test_env_actors_share_the_nodes_one_sandbox_service():
 
 
 def test_node_sandbox_runs_and_batches_like_a_sandbox():
-    from agentgym.ray_envs import NodeSandbox, close_node_sandboxes
+    from agentgym.envs.sandbox.ray_service import NodeSandbox, close_node_sandboxes
     sb = NodeSandbox("bwrap")
     try:
         assert sb.run("print(input())", stdin="hi").stdout == "hi\n"

@@ -301,7 +301,8 @@ def best_sandbox(prefer: Sequence[str] | str | None = None, *,
 # --------------------------------------------------------------------------- shared sandboxes
 _SHARED: dict[tuple[Any, ...], Sandbox] = {}
 #: When set (``set_sandbox_provider``), named specs resolve through it instead of starting a
-#: sandbox in this process: e.g. env actors use their node's one sandbox service (ray_envs.py).
+#: sandbox in this process. Env actors on Ray use their node's one sandbox service without it
+#: (``_provider``, ray_service.py).
 _PROVIDER: list[Callable[[str, bool], Any]] = []
 
 
@@ -312,6 +313,18 @@ def set_sandbox_provider(provider: Callable[[str, bool], Any] | None) -> None:
         _PROVIDER[:] = [provider] if provider is not None else []
         for key in [k for k in _SHARED if k and k[0] == "provided"]:
             del _SHARED[key]
+
+
+def _provider() -> Callable[[str, bool], Any] | None:
+    """The provider named specs resolve through: the one set, else (in a Ray env actor that wants node
+    services) the node's sandbox service, else None (a sandbox of this process)."""
+    if _PROVIDER:
+        return _PROVIDER[0]
+    from agentgym.ray_envs import node_services_wanted
+    if node_services_wanted():
+        from .ray_service import NodeSandbox
+        return NodeSandbox
+    return None
 
 
 def _check_spec(spec: Any) -> None:
@@ -344,11 +357,12 @@ def resolve_sandbox(spec: Any = "auto", *, allow_unsafe: bool = False) -> Any:
     if not isinstance(spec, str):
         return spec
     prefer = preference(spec)
+    provider = _provider()
     with _LOCK:
-        if _PROVIDER:
+        if provider is not None:
             key = ("provided", spec, allow_unsafe)
             if key not in _SHARED:
-                _SHARED[key] = _PROVIDER[0](spec, allow_unsafe)
+                _SHARED[key] = provider(spec, allow_unsafe)
             return _SHARED[key]
         backend = select_backend(prefer, allow_unsafe=allow_unsafe)
         key = (backend, *(os.environ.get(v) for v in _PROBE_ENV))
