@@ -145,25 +145,87 @@ def run_process(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, str],
             start_new_session=True, preexec_fn=preexec_fn, **drop)
     except (OSError, subprocess.SubprocessError) as e:
         raise SandboxError(f"could not start {argv[0]!r}: {e}") from e
-    deadline = start + time_limit_s
-    timed_out = overflow = False
-    pidfd = _pidfd(proc.pid)
-    sel = selectors.DefaultSelector()
-    streams = {proc.stdout: 1, proc.stderr: 2}
-    for f in streams:
-        os.set_blocking(f.fileno(), False)
-        sel.register(f, selectors.EVENT_READ)
-    pending = memoryview(stdin)
-    assert proc.stdin is not None
-    if pending:
-        os.set_blocking(proc.stdin.fileno(), False)
-        sel.register(proc.stdin, selectors.EVENT_WRITE)
-    else:
-        proc.stdin.close()
-    if pidfd is not None:
-        sel.register(pidfd, selectors.EVENT_READ)
+    pipes = _Pipes(proc, stdin, collector, _pidfd(proc.pid))
+    try:
+        exited, timed_out, overflow = pipes.pump(start + time_limit_s)
+        if exited:
+            overflow = pipes.drain_open()
+        kill_group(proc.pid)  # leader not reaped yet: the pgid is still ours
+        returncode = proc.wait()
+    finally:
+        pipes.close()
+        if proc.returncode is None:  # an exception escaped: never leave the group behind
+            kill_group(proc.pid)
+            proc.wait()
+    duration = time.monotonic() - start
+    return ProcOutcome(returncode=None if (timed_out or overflow) else returncode,
+                       timed_out=timed_out, overflow=overflow, duration_s=duration)
 
-    def drain(f) -> bool:  # read what is there now; False on EOF
+
+class _Pipes:
+    """One selector over a child's stdin, stdout, stderr and pidfd: feeds stdin, reads both outputs into
+    the collector (non-blocking), and notices the child's exit."""
+
+    def __init__(self, proc: subprocess.Popen, stdin: bytes, collector: OutputCollector, pidfd: int | None):
+        self.proc, self.collector, self.pidfd = proc, collector, pidfd
+        self.sel = selectors.DefaultSelector()
+        self.streams = {proc.stdout: 1, proc.stderr: 2}
+        for f in self.streams:
+            os.set_blocking(f.fileno(), False)
+            self.sel.register(f, selectors.EVENT_READ)
+        self.pending = memoryview(stdin)
+        assert proc.stdin is not None
+        if self.pending:
+            os.set_blocking(proc.stdin.fileno(), False)
+            self.sel.register(proc.stdin, selectors.EVENT_WRITE)
+        else:
+            proc.stdin.close()
+        if pidfd is not None:
+            self.sel.register(pidfd, selectors.EVENT_READ)
+
+    def pump(self, deadline: float) -> tuple[bool, bool, bool]:
+        """Serve the pipes until the child exits, ``deadline`` passes or the output cap is hit:
+        ``(exited, timed_out, overflow)``."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False, True, False
+            # Without a pidfd, wake up regularly to poll the child's state.
+            events = self.sel.select(remaining if self.pidfd is not None else min(remaining, 0.02))
+            exited = False
+            for key, _ in events:
+                f = key.fileobj
+                if f is self.pidfd:
+                    exited = True
+                elif f is self.proc.stdin:
+                    self._write_stdin()
+                elif not self.drain(f):
+                    self.sel.unregister(f)
+                if self.collector.truncated:
+                    return exited, False, True
+            if self.pidfd is None and _exited(self.proc.pid):
+                exited = True
+            if exited:
+                return True, False, False
+
+    def _write_stdin(self) -> None:
+        stdin = self.proc.stdin
+        assert stdin is not None
+        try:
+            n = os.write(stdin.fileno(), self.pending[:65536])
+            self.pending = self.pending[n:]
+        except BlockingIOError:
+            pass
+        except OSError as e:  # EPIPE: the program stopped reading; fine
+            if e.errno not in (errno.EPIPE, errno.EINVAL):
+                raise
+            self.pending = self.pending[:0]
+        if not self.pending:
+            self.sel.unregister(stdin)
+            stdin.close()
+
+    def drain(self, f) -> bool:
+        """Read what is there now; False on EOF."""
         while True:
             try:
                 data = os.read(f.fileno(), 65536)
@@ -171,63 +233,22 @@ def run_process(argv: Sequence[str], *, cwd: str | None, env: Mapping[str, str],
                 return True
             if not data:
                 return False
-            if not collector.add(streams[f], data):
+            if not self.collector.add(self.streams[f], data):
                 return True
 
-    try:
-        exited = False
-        while not exited:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            # Without a pidfd, wake up regularly to poll the child's state.
-            events = sel.select(remaining if pidfd is not None else min(remaining, 0.02))
-            for key, _ in events:
-                f = key.fileobj
-                if f is pidfd:
-                    exited = True
-                elif f is proc.stdin:
-                    try:
-                        n = os.write(proc.stdin.fileno(), pending[:65536])
-                        pending = pending[n:]
-                    except BlockingIOError:
-                        n = 0
-                    except OSError as e:  # EPIPE: the program stopped reading; fine
-                        if e.errno not in (errno.EPIPE, errno.EINVAL):
-                            raise
-                        pending = pending[:0]
-                    if not pending:
-                        sel.unregister(proc.stdin)
-                        proc.stdin.close()
-                elif not drain(f):
-                    sel.unregister(f)
-                if collector.truncated:
-                    overflow = True
-                    break
-            if overflow:
-                break
-            if pidfd is None and _exited(proc.pid):
-                exited = True
-        if exited:
-            # Everything the leader wrote is in the pipes now; a grandchild holding them open
-            # must not keep us waiting, so read only what is already there.
-            still_open = [k.fileobj for k in sel.get_map().values() if k.fileobj in streams]
-            for f in still_open:
-                drain(f)
-            overflow = collector.truncated
-        kill_group(proc.pid)  # leader not reaped yet: the pgid is still ours
-        returncode = proc.wait()
-    finally:
-        sel.close()
-        if pidfd is not None:
-            os.close(pidfd)
-        for f in (proc.stdin, proc.stdout, proc.stderr):
+    def drain_open(self) -> bool:
+        """After the leader exited: everything it wrote is in the pipes now; a grandchild holding them
+        open must not keep us waiting, so read only what is already there. Returns whether the output
+        overflowed."""
+        still_open = [k.fileobj for k in self.sel.get_map().values() if k.fileobj in self.streams]
+        for f in still_open:
+            self.drain(f)
+        return self.collector.truncated
+
+    def close(self) -> None:
+        self.sel.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if f is not None and not f.closed:
                 f.close()
-        if proc.returncode is None:  # an exception escaped: never leave the group behind
-            kill_group(proc.pid)
-            proc.wait()
-    duration = time.monotonic() - start
-    return ProcOutcome(returncode=None if (timed_out or overflow) else returncode,
-                       timed_out=timed_out, overflow=overflow, duration_s=duration)
