@@ -28,6 +28,11 @@ Frame formats: request ``{"jobs": [job, ...]}`` with job ``{"code", "files", "st
 ``{"results": [...], "taint": [...], "breach": [...]}``. A result holds ``stdout``, ``stderr``,
 ``returncode`` (negative: signal), ``timed_out``, ``overflow``, ``oom_kills``, ``duration_s``,
 ``killed`` (processes swept after the job).
+
+Why one file over 500 lines (the project's module-size target): the host ships this file's source
+as the ``-c`` program of the sandbox's pid 1 (``warm.py``'s ``RUNNER_SOURCE``), and the sandbox has
+no agentgym installed and no host files to import from, so everything the runner needs must be in
+this one source text. Its sections follow the three processes above.
 """
 import sys
 
