@@ -32,7 +32,7 @@ Frame formats: request ``{"jobs": [job, ...]}`` with job ``{"code", "files", "st
 Why one file over 500 lines (the project's module-size target): the host ships this file's source
 as the ``-c`` program of the sandbox's pid 1 (``warm.py``'s ``RUNNER_SOURCE``), and the sandbox has
 no agentgym installed and no host files to import from, so everything the runner needs must be in
-this one source text. Its sections follow the three processes above.
+this one source text. Its sections: framing, cleanliness checks, then one per process (C, H, Z).
 """
 import sys
 
