@@ -132,6 +132,7 @@ def _country(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Sente
                      (m.id, "country", e.id)]))
     yield geo
 
+
 def _city(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Sentences]:
     a, n = e.attrs, e.name
     country = world.name(a["country"])
@@ -152,6 +153,7 @@ def _city(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Sentence
         s.append((f"{n} is home to {_join([u.name for u in unis])}.", [(u.id, "city", e.id) for u in unis]))
     yield s
 
+
 def _river(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Sentences]:
     a, n = e.attrs, e.name
     length = format_value("length_km", a["length_km"])
@@ -169,6 +171,7 @@ def _river(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Sentenc
                   [(c.id, "on_river", e.id) for c in towns]))
     yield s
 
+
 def _mountain(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Sentences]:
     a, n = e.attrs, e.name
     country = world.name(a["country"])
@@ -185,6 +188,7 @@ def _mountain(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Sent
                   [(e.id, "first_ascent_year", a["first_ascent_year"]),
                    (e.id, "first_climbed_by", a["first_climbed_by"])]))
     yield s
+
 
 def _person(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Sentences]:
     a, n = e.attrs, e.name
@@ -224,6 +228,7 @@ def _person(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Senten
     else:
         yield early + career
 
+
 def _company(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Sentences]:
     a, n = e.attrs, e.name
     ind = a["industry"]
@@ -234,6 +239,7 @@ def _company(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Sente
                      f"The company has its headquarters in {world.name(a['headquarters'])}.")),
          [(e.id, "headquarters", a["headquarters"])]),
     ]
+
 
 def _university(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Sentences]:
     a, n = e.attrs, e.name
@@ -247,6 +253,7 @@ def _university(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Se
         s.append((f"Its alumni include {_join([p.name for p in alumni])}.",
                   [(p.id, "studied_at", e.id) for p in alumni]))
     yield s
+
 
 def _band(world: "World", e: "Entity", rng: random.Random) -> Iterator[_Sentences]:
     a, n = e.attrs, e.name
