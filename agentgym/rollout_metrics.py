@@ -1,0 +1,89 @@
+"""Batch metrics over trajectories: what an episode contributes, their means and their spreads.
+
+:func:`summarize` is what every ``collect`` reports and what evaluation and the report show;
+:func:`summarize_std` gives the spreads over the same numbers (:func:`episode_values`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import numpy as np
+
+from agentgym.trajectory import Trajectory
+
+__all__ = ["episode_values", "summarize", "summarize_std"]
+
+
+#: Episode-summary keys every env reports; the others (numeric ones) become ``episode/<key>`` metrics.
+_STANDARD_EPISODE_KEYS = frozenset({"success", "return", "turns", "terminated", "truncated", "tool_calls",
+                                    "invalid_actions", "task_index"})
+
+
+def episode_values(trajectories: Sequence[Trajectory]) -> dict[str, list[float]]:
+    """Each per-episode metric's values, named as :func:`summarize` names their mean.
+
+    One place defines what an episode contributes (success, return, each reward term's total, the
+    env's own numeric episode metrics such as ToolCall's ``tool_selection_accuracy``), so means
+    and spreads (:func:`summarize_std`) are always computed over the same numbers. Reward terms
+    missing from an episode count as 0; ``episode/<key>`` lists hold only the episodes reporting it.
+    """
+    trajs = list(trajectories)
+    values: dict[str, list[float]] = {
+        "success_rate": [float(bool(t.episode.get("success"))) for t in trajs],
+        "reward_mean": [t.total_reward for t in trajs],
+        "turns_mean": [float(t.num_turns) for t in trajs],
+        "tool_calls_mean": [float(t.episode.get("tool_calls", 0)) for t in trajs],
+        "invalid_actions_mean": [float(t.episode.get("invalid_actions", 0)) for t in trajs],
+        "truncated_rate": [float(t.truncated) for t in trajs],
+        "response_tokens_mean": [float(t.num_policy_tokens) for t in trajs],
+    }
+    term_names = {k for t in trajs for step in t.reward_terms for k in step}
+    for t in trajs:
+        totals: dict[str, float] = defaultdict(float)
+        for step in t.reward_terms:
+            for k, v in step.items():
+                totals[k] += v
+        for k in term_names:
+            values.setdefault(f"reward/{k}", []).append(totals.get(k, 0.0))
+    extra: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        for k, v in t.episode.items():
+            if k not in _STANDARD_EPISODE_KEYS and isinstance(v, (int, float, bool, np.number)):
+                extra[k].append(float(v))
+    for k, vals in sorted(extra.items()):
+        values[f"episode/{k}"] = vals
+    return values
+
+
+def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Batch metrics: success, reward and each reward term, turns, tool calls, tokens, mask coverage."""
+    if not trajectories:
+        return {}
+    values = episode_values(trajectories)
+    m: dict[str, float] = {"episodes": float(len(trajectories))}
+    for k in ("success_rate", "reward_mean"):
+        m[k] = float(np.mean(values[k]))
+    m["reward_std"] = float(np.std(values["reward_mean"]))
+    for k in ("turns_mean", "tool_calls_mean", "invalid_actions_mean", "truncated_rate"):
+        m[k] = float(np.mean(values[k]))
+    m["generated_tokens"] = float(sum(values["response_tokens_mean"]))
+    m["response_tokens_mean"] = float(np.mean(values["response_tokens_mean"]))
+    total_after_prompt = sum(len(t.token_ids) - t.prompt_length for t in trajectories)
+    # masked-token coverage: share of the non-prompt tokens that are environment tokens (loss_mask 0)
+    m["masked_token_fraction"] = float(1 - m["generated_tokens"] / total_after_prompt) if total_after_prompt else 0.0
+    # each reward term, then the env's own episode metrics (averaged over the episodes reporting them)
+    for k, vals in values.items():
+        if k.startswith(("reward/", "episode/")):
+            m[k] = float(np.mean(vals))
+    return m
+
+
+def summarize_std(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Population std over episodes of every per-episode metric, keyed like :func:`summarize`'s means
+    (``success_rate`` → spread of the success indicator). Aggregates (``episodes``,
+    ``generated_tokens``, ``masked_token_fraction``) have no spread and are absent."""
+    if not trajectories:
+        return {}
+    return {k: float(np.std(v)) for k, v in episode_values(trajectories).items()}
