@@ -1,0 +1,356 @@
+"""The comparison's report: per-variant summary with intervals over seeds, pairwise differences, and the
+artifacts (``compare.csv``, ``compare.png``, ``compare.md``, ``compare.json``). The definitions of the
+metrics are in :mod:`agentgym.algorithms.compare`'s docstring."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from agentgym.stats import diff_ci, format_ci, mean_ci, min_detectable_difference, verdict, without_undefined
+
+from agentgym.algorithms.compare_arms import RunRecord, Variant
+from agentgym.algorithms.trainer import TrainConfig
+
+__all__ = ["CSV_COLUMNS", "is_negative_control", "markdown_table", "plot_comparison", "summarize_runs",
+           "write_artifacts", "write_csv"]
+
+CSV_COLUMNS = ["phase", "algo", "learner", "seed", "step", "episodes", "reward", "reward_std", "success",
+               "tokens", "tokens_cumulative", "step_s", "wall_s", "run_wall_s", "kl", "entropy", "loss", "tasks"]
+
+
+def _g(row: Mapping[str, Any], key: str) -> float:
+    v = row.get(key)
+    return float(v) if isinstance(v, (int, float)) else float("nan")
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    return str(x)
+
+
+def _check_same_tasks(records: Sequence[RunRecord]) -> str:
+    """``"yes"`` when every run of a seed saw the same prompts at every step (runs that record no
+    digests, e.g. an external trainer, are left out of the check and named)."""
+    by_seed: dict[int, dict[str, list[str]]] = {}
+    unchecked = sorted({r.label for r in records if not r.tasks})
+    for r in records:
+        if r.tasks:
+            by_seed.setdefault(r.seed, {})[r.label] = r.tasks
+    for seed, runs in by_seed.items():
+        if len({tuple(t) for t in runs.values()}) > 1:
+            return f"NO (seed {seed} differs between {', '.join(runs)})"
+    return "yes" + (f" (not recorded for {', '.join(unchecked)})" if unchecked else "")
+
+
+def _curve(records: Sequence[RunRecord], key: str) -> np.ndarray:
+    """seeds × steps array of a history key (NaN where missing)."""
+    steps = max(len(r.history) for r in records)
+    arr = np.full((len(records), steps), np.nan)
+    for i, r in enumerate(records):
+        for j, row in enumerate(r.history):
+            arr[i, j] = _g(row, key)
+    return arr
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample std (ddof 1; 0 for a single seed), ignoring NaN."""
+    x = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    if x.size == 0:
+        return float("nan"), float("nan")
+    return float(x.mean()), float(x.std(ddof=1)) if x.size > 1 else 0.0
+
+
+def summarize_runs(records: Sequence[RunRecord], variants: Sequence[Variant], per_step: int,
+                   threshold: float) -> dict[str, dict[str, Any]]:
+    """Per variant: the table's numbers (see the module docstring for the definitions)."""
+    groups = {v.label: [r for r in records if r.label == v.label] for v in variants}
+    groups = {k: g for k, g in groups.items() if g}
+    r0 = float(np.nanmean([_g(r.history[0], "rollout/reward_mean") for r in records if r.history]))
+    mean_curves = {k: np.nanmean(_curve(g, "rollout/reward_mean"), axis=0) for k, g in groups.items()}
+    best = max(float(c[-1]) for c in mean_curves.values())
+    target = r0 + threshold * (best - r0)
+    out: dict[str, dict[str, Any]] = {}
+    for label, runs in groups.items():
+        rewards = _curve(runs, "rollout/reward_mean")
+        success = _curve(runs, "rollout/success_rate")
+        tokens = _curve(runs, "rollout/generated_tokens")
+        step_s = _curve(runs, "time/step_s")
+        reach = None
+        if best > r0:
+            hits = np.nonzero(mean_curves[label] >= target - 1e-12)[0]
+            reach = int((hits[0] + 1) * per_step) if hits.size else None
+        out[label] = {
+            "seeds": [r.seed for r in runs],
+            "final_reward": _mean_std(rewards[:, -1]),
+            "final_success": _mean_std(success[:, -1]),
+            "auc_reward": _mean_std(np.nanmean(rewards, axis=1)),
+            "episodes_to_threshold": reach,
+            "eval_success_before": _mean_std([_g(r.before, "eval/success_rate") for r in runs]),
+            "eval_success_after": _mean_std([_g(r.after, "eval/success_rate") for r in runs]),
+            "eval_reward_after": _mean_std([_g(r.after, "eval/reward_mean") for r in runs]),
+            "train_s": _mean_std(np.nansum(step_s, axis=1)),
+            "run_wall_s": _mean_std([r.wall_s for r in runs]),
+            "tokens": _mean_std(np.nansum(tokens, axis=1)),
+            # 95 % t intervals over seeds (agentgym.stats.mean_ci), and the per-seed values they rest on
+            **_seed_intervals({"final_reward": rewards[:, -1], "final_success": success[:, -1],
+                               "auc_reward": np.nanmean(rewards, axis=1),
+                               "eval_success_after": [_g(r.after, "eval/success_rate") for r in runs]}),
+            "per_seed": {"final_reward": rewards[:, -1].tolist(), "auc_reward": np.nanmean(rewards, axis=1).tolist(),
+                         "eval_success_after": [_g(r.after, "eval/success_rate") for r in runs]},
+        }
+    out["_reference"] = {"r0": r0, "best_final": best, "target": target}
+    out["_differences"] = _pairwise_differences(out)
+    return out
+
+
+def _finite_count(values: Sequence[float]) -> int:
+    return int(np.isfinite(np.asarray(values, dtype=float)).sum())
+
+
+def _seed_intervals(per_metric: Mapping[str, Sequence[float]]) -> dict[str, dict[str, Any]]:
+    """``ci``: metric -> (mean, low, high) over seeds, NaN bounds where no interval exists (one seed, or
+    every seed gave the same value); ``ci_undefined``: metric -> why not (``"1 seed"``, ``"seeds agree:
+    no spread"``), only for those. A zero-width interval is kept out of the record because a reader
+    of ``compare.json`` would take it for an exact value."""
+    cis: dict[str, Any] = {}
+    reasons: dict[str, str] = {}
+    for metric, values in per_metric.items():
+        cis[metric], reason = without_undefined(mean_ci(values), _finite_count(values))
+        if reason:
+            reasons[metric] = reason
+    return {"ci": cis, "ci_undefined": reasons}
+
+
+def _pairwise_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every pair of variants, per metric: Welch's 95 % interval of the difference of seed means and
+    whether it excludes 0 (:func:`agentgym.stats.verdict`). Where it does not exist (a variant with one
+    seed; both variants' seeds agreeing among themselves) ``low``/``high`` are NaN, ``undefined`` says
+    why and the verdict is ``n/a``: such a difference is never called significant."""
+    labels = [k for k in summary if not k.startswith("_")]
+    rows = []
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            for metric in ("final_reward", "auc_reward", "eval_success_after"):
+                xa, xb = summary[a]["per_seed"][metric], summary[b]["per_seed"][metric]
+                raw = diff_ci(xa, xb)
+                ci, reason = without_undefined(raw, min(_finite_count(xa), _finite_count(xb)))
+                rows.append({"a": a, "b": b, "metric": metric, "diff": ci[0], "low": ci[1], "high": ci[2],
+                             "verdict": verdict(raw), "undefined": reason,
+                             "min_detectable": min_detectable_difference(xa, xb)})
+    return rows
+
+
+def write_csv(records: Sequence[RunRecord], per_step: int, path: Path) -> None:
+    """The long-format CSV (columns :data:`CSV_COLUMNS`).
+
+    ``reward`` / ``success``: the step's sampled batch means (train) or the greedy held-out eval
+    (eval); ``tokens``: generated tokens; ``wall_s``: cumulative seconds of the training loop so far;
+    ``run_wall_s`` (last eval row): the whole run including model copy and evals; ``tasks``: the
+    digest of the step's prompts (equal across algos at each (seed, step)).
+    """
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for r in records:
+            base = {"algo": r.label, "learner": r.algo, "seed": r.seed}
+            w.writerow({**base, "phase": "eval", "step": 0, "episodes": 0, "wall_s": 0.0,
+                        "reward": _g(r.before, "eval/reward_mean"),
+                        "success": _g(r.before, "eval/success_rate"), "tokens": _g(r.before, "eval/generated_tokens")})
+            wall = cum_tokens = 0.0
+            for j, row in enumerate(r.history):
+                wall += _g(row, "time/step_s") if not math.isnan(_g(row, "time/step_s")) else 0.0
+                tok = _g(row, "rollout/generated_tokens")
+                cum_tokens += 0.0 if math.isnan(tok) else tok
+                w.writerow({**base, "phase": "train", "step": int(_g(row, "step")), "episodes": (j + 1) * per_step,
+                            "reward": _g(row, "rollout/reward_mean"), "reward_std": _g(row, "rollout/reward_std"),
+                            "success": _g(row, "rollout/success_rate"), "tokens": tok, "tokens_cumulative": cum_tokens,
+                            "step_s": _g(row, "time/step_s"), "wall_s": round(wall, 3), "kl": _g(row, "train/kl"),
+                            "entropy": _g(row, "train/entropy"), "loss": _g(row, "train/loss"),
+                            "tasks": r.tasks[j] if j < len(r.tasks) else ""})
+            w.writerow({**base, "phase": "eval", "step": len(r.history), "episodes": len(r.history) * per_step,
+                        "reward": _g(r.after, "eval/reward_mean"), "success": _g(r.after, "eval/success_rate"),
+                        "tokens": _g(r.after, "eval/generated_tokens"), "wall_s": round(wall, 3),
+                        "run_wall_s": round(r.wall_s, 3)})
+
+
+def plot_comparison(records: Sequence[RunRecord], variants: Sequence[Variant], per_step: int, path: Path,
+                    title: str) -> None:
+    """Mean ± std over seeds of training reward and success against episodes, and the held-out eval."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for k, v in enumerate(variants):
+        runs = [r for r in records if r.label == v.label]
+        if not runs:
+            continue
+        colour = f"C{k % 10}"
+        for ax, key in zip(axes[:2], ("rollout/reward_mean", "rollout/success_rate")):
+            arr = _curve(runs, key)
+            x = np.arange(1, arr.shape[1] + 1) * per_step
+            m = np.nanmean(arr, axis=0)
+            band = np.array([mean_ci(arr[:, j])[1:] for j in range(arr.shape[1])]) if len(runs) > 1 else None
+            ax.plot(x, m, marker=".", color=colour, label=f"{v.label} (n={len(runs)})")
+            if band is not None:
+                ax.fill_between(x, band[:, 0], band[:, 1], color=colour, alpha=0.2)
+        before = _mean_std([_g(r.before, "eval/success_rate") for r in runs])
+        after = _mean_std([_g(r.after, "eval/success_rate") for r in runs])
+        steps = max(len(r.history) for r in runs)
+        axes[2].errorbar([0, steps * per_step], [before[0], after[0]], yerr=[before[1], after[1]], marker="o",
+                         capsize=4, color=colour, label=v.label)
+    for ax, name in zip(axes, ("training reward (sampled)", "training success (sampled)",
+                               "held-out success (greedy) before / after")):
+        ax.set_title(name)
+        ax.set_xlabel("training episodes")
+        if "success" in name:
+            ax.set_ylim(-0.05, 1.05)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{title} · mean over seeds, bands: 95 % t interval")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _fmt(ms: tuple[float, float], digits: int = 3, signed: bool = False) -> str:
+    m, s = ms
+    if math.isnan(m):
+        return "—"
+    return f"{m:+.{digits}f} ± {s:.{digits}f}" if signed else f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequence[int], steps: int, per_step: int,
+                   threshold: float, same_tasks: str) -> str:
+    """The comparison table plus the definitions a reader needs to interpret it."""
+    ref = summary["_reference"]
+    pct = round(threshold * 100)
+    lines = [f"Env `{base.env}` (env_kwargs `{json.dumps(base.env_kwargs)}`), model `{base.model}`, seeds {list(seeds)}, "
+             f"{steps} steps × {per_step} episodes ({base.groups_per_step} groups × {base.group_size}), "
+             f"max_new_tokens {base.sampling.max_new_tokens}; same tasks across algos: {same_tasks}.",
+             "",
+             f"| algo | final train reward | final train success | AUC (mean train reward) | episodes to {pct} % "
+             "| held-out success before → after | held-out reward after | train s / run | run wall s | gen. tokens / run |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, s in summary.items():
+        if label.startswith("_"):
+            continue
+        reach = "—" if s["episodes_to_threshold"] is None else str(s["episodes_to_threshold"])
+        if "ci" in s:
+            ci = {k: _fmt_ci(s["ci"][k], s.get("ci_undefined", {}).get(k)) for k in s["ci"]}
+            lines.append(f"| `{label}` (95 % CI) | {ci['final_reward']} | {ci['final_success']} | "
+                         f"{ci['auc_reward']} | | → {ci['eval_success_after']} | | | | |")
+        lines.append(f"| `{label}` | {_fmt(s['final_reward'], signed=True)} | {_fmt(s['final_success'], 2)} | "
+                     f"{_fmt(s['auc_reward'], signed=True)} | {reach} | {_fmt(s['eval_success_before'], 2)} → "
+                     f"{_fmt(s['eval_success_after'], 2)} | {_fmt(s['eval_reward_after'], signed=True)} | "
+                     f"{_fmt(s['train_s'], 0)} | {_fmt(s['run_wall_s'], 0)} | {_fmt(s['tokens'], 0)} |")
+    lines += ["",
+              f"mean ± sample std over {len(seeds)} seed(s). *final*: the last step's sampled batch. *AUC*: mean training "
+              f"reward over all steps. *episodes to {pct} %*: first training episode count at which the seed-mean reward "
+              f"reaches r0 + {threshold:g}·(r* − r0), r0 = {ref['r0']:+.3f} (mean first-step reward, all runs), "
+              f"r* = {ref['best_final']:+.3f} (best final seed-mean), target {ref['target']:+.3f}; — = never, or no "
+              "algo improved on r0. *held-out*: greedy, on the same "
+              f"{base.eval.episodes} test tasks before and after. *train s*: the training loop (rollouts + updates); "
+              "*run wall*: also model copy and both evals. *95 % CI*: Student's t interval over seeds (with few "
+              "seeds it is wide; a bootstrap over 3 seeds would be falsely narrow). *n/a (1 seed)*: one seed has "
+              "no spread to estimate; *n/a (seeds agree: no spread)*: every seed gave the same value, so the "
+              "interval would have zero width, which means the seeds agreed, not that the value is exact. "
+              "Neither is an interval, and a difference without one is never called significant.", ""]
+    diffs = summary.get("_differences", [])
+    if diffs:
+        lines += ["**Which differences are significant** (difference of seed means, Welch 95 % interval; "
+                  "*significant* = the interval excludes 0, *noise* = it does not, *n/a* = there is no interval: "
+                  "a variant has one seed, or each variant's seeds agree exactly, see above):", "",
+                  "| a − b | metric | difference | 95 % CI | verdict | smallest detectable (80 % power) |",
+                  "|---|---|---:|---:|---|---:|"]
+        for d in diffs:
+            ci = _fmt_ci((d["diff"], d["low"], d["high"]), d.get("undefined"))
+            mdd = d.get("min_detectable", math.nan)
+            lines.append(f"| `{d['a']}` − `{d['b']}` | {d['metric']} | {d['diff']:+.3f} | {ci} | {d['verdict']} | "
+                         f"{'n/a' if math.isnan(mdd) else f'{mdd:.3f}'} |")
+        sig = sum(d["verdict"] == "significant" for d in diffs)
+        undefined = sum(d["verdict"] == "n/a" for d in diffs)
+        rest = len(diffs) - sig - undefined
+        lines += ["", f"{sig} of {len(diffs)} differences are significant at 95 %"
+                  + (f"; {undefined} have no interval (n/a) and are not judged" if undefined else "")
+                  + ("; the rest cannot be told apart from seed noise with this budget." if rest
+                     else "." if undefined else "; all separate from seed noise."), ""]
+        lines += _power_lines(diffs, len(seeds)) + _control_lines(diffs)
+    return "\n".join(lines)
+
+
+def is_negative_control(label: str) -> bool:
+    """A variant trained with lr 0 (``grpo:lr=0``): it samples and updates like the others but cannot
+    learn, so whatever it gains is the noise floor every learner must clear."""
+    for setting in label.split(":")[1:]:
+        key, _, value = setting.partition("=")
+        if key.strip() in ("lr", "learner.lr"):
+            try:
+                return float(value) == 0.0
+            except ValueError:
+                return False
+    return False
+
+
+def _control_lines(diffs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every learner against the negative control(s): separated (CI excluding 0) or not."""
+    rows = [d for d in diffs if is_negative_control(d["a"]) != is_negative_control(d["b"])]
+    if not rows:
+        return []
+    out = ["**Against the negative control** (lr 0: samples and updates, cannot learn):", ""]
+    for d in rows:
+        learner, control = (d["b"], d["a"]) if is_negative_control(d["a"]) else (d["a"], d["b"])
+        sign = -1.0 if is_negative_control(d["a"]) else 1.0
+        out.append(f"- `{learner}` vs `{control}`, {d['metric']}: {sign * d['diff']:+.3f} — "
+                   + {"significant": "separated from the control", "noise": "not separated (noise)",
+                      "n/a": "no interval"}[d["verdict"]])
+    return out + [""]
+
+
+def _power_lines(diffs: Sequence[Mapping[str, Any]], n_seeds: int) -> list[str]:
+    """What this budget can resolve: per metric, the median smallest detectable difference over the pairs."""
+    out = []
+    for metric in dict.fromkeys(d["metric"] for d in diffs):
+        mdds = [d["min_detectable"] for d in diffs if d["metric"] == metric and not math.isnan(d.get("min_detectable", math.nan))]
+        if mdds:
+            out.append(f"- *{metric}*: with {n_seeds} seeds, a true difference smaller than "
+                       f"**{float(np.median(mdds)):.3f}** (median over the pairs) is more likely than not to read "
+                       "as noise: the smallest detectable difference at 95 % and 80 % power, from the spread over "
+                       "seeds (each seed's value averages its questions, so question variance is in it too). "
+                       "Halving it takes about 4× the seeds.")
+    return (["**Resolution of this budget:**", "", *out, ""] if out else [])
+
+
+def _fmt_ci(ci: tuple[float, float, float], reason: str | None = None) -> str:
+    """``[low, high]``, or ``n/a (<reason>)`` for a recorded undefined interval (its bounds are NaN)."""
+    if reason is not None:
+        return f"n/a ({reason})"
+    return format_ci(ci)
+
+
+def write_artifacts(out: Path, records: Sequence[RunRecord], variants: Sequence[Variant], summary: Mapping[str, Any],
+                    base: TrainConfig, seeds: Sequence[int], steps: int, threshold: float,
+                    same_tasks: str) -> dict[str, Path]:
+    """``compare.{csv,png,md,json}`` in ``out``; returns their paths by extension."""
+    per_step = base.groups_per_step * base.group_size
+    paths = {ext: out / f"compare.{ext}" for ext in ("csv", "png", "md", "json")}
+    write_csv(records, per_step, paths["csv"])
+    plot_comparison(records, variants, per_step, paths["png"], title=f"{base.env} · {base.model} · {len(seeds)} seeds")
+    paths["md"].write_text(markdown_table(summary, base, seeds, steps, per_step, threshold, same_tasks))
+    paths["json"].write_text(json.dumps({
+        "date": datetime.date.today().isoformat(), "env": base.env, "model": base.model, "seeds": list(seeds),
+        "steps": steps, "episodes_per_step": per_step, "threshold": threshold, "same_tasks": same_tasks,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
+        "variants": [dataclasses.asdict(v) for v in variants], "summary": summary,
+        "runs": [dataclasses.asdict(r) for r in records]}, indent=1, default=_json_default))
+    return paths
