@@ -334,56 +334,31 @@ def train_with_trl(env: Any, policy: Any = "smollm2", *, steps: int = 6, num_gen
     Args:
         env: env id or zero-argument env factory. ``env_kwargs``: its constructor arguments.
         policy: a :class:`~agentgym.policies.transformers_policy.TransformersPolicy` (its ``model`` is
-            trained in place), ``"tiny-random"``, or a model name for ``TransformersPolicy.from_pretrained``.
-        n_tasks: tasks in the dataset (default ``steps * prompts_per_step``: a fresh task per group,
-            capped by the env's task count).
+            trained in place), or a model spec for :func:`~agentgym.policies.loading.load_policy` (``"tiny-random"``,
+            a model name, a run directory).
+        n_tasks: tasks in the dataset (default: a fresh task per group, capped by the env's task count).
         reward_funcs: extra TRL reward functions, added to :func:`episode_reward` (weights 1).
         trainer_class: a ``GRPOTrainer`` subclass to use (tests use one that records the loss inputs).
 
     Returns:
-        A dict:
-
-        - ``"history"``: ``list[dict[str, float]]``, one row per optimizer step in order, with
-          ``"step"`` (1-based), ``"rollout/<k>"`` for every metric of
-          :func:`agentgym.rollout.summarize` over that step's episodes (``rollout/reward_mean`` is the
-          mean episode reward, ``rollout/success_rate`` …, as in ``agentgym train``'s history),
-          ``"train/<k>"`` for what TRL logged at that step (``train/loss``, ``train/grad_norm``,
-          ``train/reward`` …) and ``"time/step_s"``.
-        - ``"reward_curve"``: ``list[float]``, the per-step mean episode reward
-          (``[row["rollout/reward_mean"] for row in history]``).
-        - ``"output_dir"``: ``str``; it holds ``history.json``.
-        - ``"policy"``: the trained :class:`TransformersPolicy`; ``"trainer"``: the ``GRPOTrainer``.
+        ``"history"``: one row per optimizer step, in order: ``"step"`` (1-based), ``"rollout/<k>"`` for
+        every metric of :func:`agentgym.rollout.summarize` over that step's episodes (as in ``agentgym
+        train``'s history), ``"train/<k>"`` for what TRL logged then (``train/loss`` …), ``"time/step_s"``;
+        ``"reward_curve"``: each step's ``rollout/reward_mean``; ``"output_dir"`` (it holds
+        ``history.json``); ``"policy"``: the trained :class:`TransformersPolicy`; ``"trainer"``.
 
     With ``beta`` > 0 (and no PEFT adapter) the KL reference is the policy as given: its weights are
     saved to ``output_dir/reference_model`` for TRL to load (see the comment in the code).
     """
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
-    from agentgym.policies.transformers_policy import TransformersPolicy
-
-    if isinstance(policy, str):
-        policy = (TransformersPolicy.tiny_random(seed=seed) if policy == "tiny-random"
-                  else TransformersPolicy.from_pretrained(policy))
-    total = prompts_per_step * num_generations
-    micro = micro_batch_size or total
-    if total % micro:
-        raise ValueError(f"micro_batch_size {micro} must divide prompts_per_step * num_generations = {total}")
+    policy = _as_policy(policy, seed)
+    args = _grpo_config(output_dir, steps=steps, learning_rate=learning_rate, num_generations=num_generations,
+                        prompts_per_step=prompts_per_step, micro_batch_size=micro_batch_size, temperature=temperature,
+                        beta=beta, max_new_tokens=max_new_tokens, seed=seed, loss_type=loss_type, trl_args=trl_args)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dataset = _task_dataset(env, env_kwargs, n_tasks or steps * prompts_per_step, first_task, seed)
-    cfg: dict[str, Any] = dict(
-        output_dir=str(out), max_steps=steps, learning_rate=learning_rate, num_generations=num_generations,
-        per_device_train_batch_size=micro, gradient_accumulation_steps=total // micro,
-        steps_per_generation=total // micro,      # one rollout batch per optimizer step
-        temperature=temperature, beta=beta, max_completion_length=max_new_tokens, seed=seed,
-        logging_steps=1, save_strategy="no", report_to="none", gradient_checkpointing=False,
-    )
-    if loss_type is not None:
-        cfg["loss_type"] = loss_type
-    if not _cuda():
-        cfg.update(bf16=False, use_cpu=True)
-    cfg.update(trl_args or {})
-    args = GRPOConfig(**cfg)
     rollout = EnvRollout(env, env_kwargs=env_kwargs, dataset=dataset, max_new_tokens=max_new_tokens, style=style,
                          max_obs_tokens=max_obs_tokens, max_context_tokens=max_context_tokens,
                          debug_checks=debug_checks, seed=seed, policy=policy)
@@ -396,11 +371,50 @@ def train_with_trl(env: Any, policy: Any = "smollm2", *, steps: int = 6, num_gen
         rollout.close()
     policy.model = trainer.accelerator.unwrap_model(trainer.model)
     history = _history(trainer, rollout, step_times)
-    finite = lambda v: v if math.isfinite(v) else None  # noqa: E731 - JSON has no NaN
-    (out / "history.json").write_text(json.dumps([{k: finite(v) for k, v in r.items()} for r in history], indent=1))
+    _write_history(out / "history.json", history)
     return {"history": history, "reward_curve": [r["rollout/reward_mean"] for r in history], "output_dir": str(out),
             "policy": policy, "trainer": trainer}
 
+
+def _as_policy(policy: Any, seed: int) -> Any:
+    """A policy object as given; a model spec through the one loader, with the backend learners train."""
+    if not isinstance(policy, str):
+        return policy
+    from agentgym.policies.loading import load_policy
+    from agentgym.policies.registry import trainable_backend
+    return load_policy(policy, trainable_backend(), seed=seed)
+
+
+def _grpo_config(output_dir: str | Path, *, steps: int, learning_rate: float, num_generations: int,
+                 prompts_per_step: int, micro_batch_size: int | None, temperature: float, beta: float,
+                 max_new_tokens: int, seed: int, loss_type: str | None, trl_args: Mapping[str, Any] | None) -> Any:
+    """TRL's ``GRPOConfig``: one optimizer step per rollout batch of ``prompts_per_step * num_generations``
+    episodes, ``micro_batch_size`` per forward pass; fp32 on the CPU without CUDA; ``trl_args`` (any
+    ``GRPOConfig`` field) last."""
+    from trl import GRPOConfig
+
+    total = prompts_per_step * num_generations
+    micro = micro_batch_size or total
+    if total % micro:
+        raise ValueError(f"micro_batch_size {micro} must divide prompts_per_step * num_generations = {total}")
+    cfg: dict[str, Any] = dict(
+        output_dir=str(output_dir), max_steps=steps, learning_rate=learning_rate, num_generations=num_generations,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=total // micro,
+        steps_per_generation=total // micro,      # one rollout batch per optimizer step
+        temperature=temperature, beta=beta, max_completion_length=max_new_tokens, seed=seed,
+        logging_steps=1, save_strategy="no", report_to="none", gradient_checkpointing=False,
+    )
+    if loss_type is not None:
+        cfg["loss_type"] = loss_type
+    if not _cuda():
+        cfg.update(bf16=False, use_cpu=True)
+    cfg.update(trl_args or {})
+    return GRPOConfig(**cfg)
+
+
+def _write_history(path: Path, history: Sequence[Mapping[str, float]]) -> None:
+    finite = lambda v: v if math.isfinite(v) else None  # noqa: E731 - JSON has no NaN
+    path.write_text(json.dumps([{k: finite(v) for k, v in r.items()} for r in history], indent=1))
 
 def _cuda() -> bool:
     import torch
