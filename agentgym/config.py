@@ -1,7 +1,9 @@
 """Typed configs: dataclasses loaded from YAML / dicts with dotted ``key=value`` overrides.
 
 Unknown keys and wrongly typed values are errors that name the key, so a typo in a config
-never silently falls back to a default.
+never silently falls back to a default. Every knob carries a one-line help in its field metadata
+(``field(default=..., metadata={"help": ...})``, as TRL's configs do); :func:`config_fields` walks a
+config and :func:`format_config_table` prints every knob with its type, default and help.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
-__all__ = ["ConfigError", "from_dict", "to_dict", "load_config", "apply_overrides", "save_config", "canonical_key"]
+__all__ = ["ConfigError", "from_dict", "to_dict", "load_config", "apply_overrides", "save_config", "canonical_key",
+           "ConfigField", "config_fields", "format_config_table"]
 
 T = TypeVar("T")
 
@@ -267,3 +270,48 @@ def _merge(base: dict[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
 def save_config(obj: Any, path: str | Path) -> None:
     import yaml
     Path(path).write_text(yaml.safe_dump(to_dict(obj), sort_keys=False))
+
+
+class ConfigField(NamedTuple):
+    """One knob of a config tree: its dotted ``path``, its ``type`` as written, its resolved ``default``
+    and its one-line ``help`` (``""`` when the field has none)."""
+    path: str
+    type: str
+    default: Any
+    help: str
+
+
+def _type_text(tp: Any) -> str:
+    if isinstance(tp, str):  # ``from __future__ import annotations``: the annotation as written
+        return tp
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def config_fields(config: Any, prefix: str = "") -> Iterator[ConfigField]:
+    """Every knob of ``config`` (a config dataclass, or an instance of one), nested sections recursed.
+
+    Defaults are read off an instance (``config()`` for a class), so a section whose default comes from
+    a factory (``TrainConfig.learner.lr``) shows the value a run gets. A section is a field whose value
+    is a dataclass; it is yielded itself (default ``"(section)"``) before its knobs.
+    """
+    obj = config() if isinstance(config, type) else config
+    for f in dataclasses.fields(obj):
+        if not f.init:
+            continue
+        path, value = _join(prefix, f.name), getattr(obj, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            yield ConfigField(path, _type_text(f.type), "(section)", f.metadata.get("help", ""))
+            yield from config_fields(value, path)
+        else:
+            yield ConfigField(path, _type_text(f.type), value, f.metadata.get("help", ""))
+
+
+def format_config_table(config: Any, title: str | None = None) -> str:
+    """A plain-text table of :func:`config_fields`: one line per knob, ``path  type  default  help``."""
+    rows = [(k.path, k.type, json.dumps(k.default, default=str) if k.default != "(section)" else "", k.help)
+            for k in config_fields(config)]
+    widths = [max(len(r[i]) for r in rows + [("path", "type", "default", "")]) for i in range(3)]
+    lines = [f"{title}\n" if title else ""]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(("path", "type", "default"), widths)) + "  help")
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows]
+    return "\n".join(line.rstrip() for line in lines if line != "") + "\n"

@@ -25,13 +25,16 @@ class SamplingParams:
     ``stop``: generation of a sequence ends at the token that completes any of these strings;
     that token is kept.
     """
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    greedy: bool = False
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
+    max_new_tokens: int = field(default=256, metadata={"help": "most tokens sampled per turn (>= 1)"})
+    temperature: float = field(default=1.0, metadata={
+        "help": "softmax temperature (> 0); the learner recomputes log-probs at this temperature"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass in (0, 1]; 1 = off"})
+    top_k: int = field(default=0, metadata={"help": "sample among the k likeliest tokens; 0 = off"})
+    greedy: bool = field(default=False, metadata={"help": "argmax decoding (log-probs then at temperature 1)"})
+    stop: tuple[str, ...] = field(default=(), metadata={
+        "help": "strings that end a turn at the token completing them (that token is kept)"})
+    seed: int | None = field(default=None, metadata={
+        "help": "seed of each generate call (replayable sampling); null = unseeded"})
 
     def __post_init__(self) -> None:
         import math

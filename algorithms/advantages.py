@@ -22,7 +22,7 @@ gae        token, turn                 PPO: GAE with a critic, whitened over the
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
@@ -49,31 +49,37 @@ class ReturnSettings:
     """Every advantage estimator: ``credit`` — how step rewards reach each turn's tokens (``episode``,
     ``turn``, ``gigpo`` or ``token``; see :mod:`.returns`), ``gamma`` (the per-turn discount; GAE's
     per-token one for ``token``), ``adv_eps`` (added to a std before dividing)."""
-    credit: str = "episode"
-    gamma: float = 1.0
-    adv_eps: float = 1e-6
+    credit: str = field(default="episode", metadata={
+        "help": "how step rewards reach each turn's tokens: episode, turn, gigpo or token (see returns.py)"})
+    gamma: float = field(default=1.0, metadata={
+        "help": "discount in [0, 1]: per turn; per token with credit=token"})
+    adv_eps: float = field(default=1e-6, metadata={"help": "added to a std before dividing by it"})
 
 
 @dataclass
 class BaselineSettings:
     """REINFORCE's batch baseline: ``none``, ``mean``, ``ema`` (``baseline_momentum``) or ``rebn``."""
-    baseline: str = "rebn"
-    baseline_momentum: float = 0.9
+    baseline: str = field(default="rebn", metadata={
+        "help": "REINFORCE's baseline: none, mean (of the batch), ema (moving mean) or rebn (batch-normalised returns)"})
+    baseline_momentum: float = field(default=0.9, metadata={"help": "the ema baseline's momentum, in [0, 1)"})
 
 
 @dataclass
 class GroupSettings:
     """Group estimators: ``group_scale`` (False = Dr.GRPO, no std division); ``turn_adv_weight``: GiGPO's
     ω, the weight of the turn-level term under ``credit="gigpo"``."""
-    group_scale: bool = True
-    turn_adv_weight: float = 1.0
+    group_scale: bool = field(default=True, metadata={
+        "help": "divide group-centred returns by the group's std; false = Dr.GRPO (no division)"})
+    turn_adv_weight: float = field(default=1.0, metadata={
+        "help": "GiGPO's omega (>= 0): the weight of the turn-level term under credit=gigpo"})
 
 
 @dataclass
 class GAESettings:
     """GAE: ``lam``; ``whiten_advantages`` over the batch (PPO)."""
-    lam: float = 1.0
-    whiten_advantages: bool = True
+    lam: float = field(default=1.0, metadata={"help": "GAE's lambda, in [0, 1]"})
+    whiten_advantages: bool = field(default=True, metadata={
+        "help": "normalise GAE advantages to mean 0, std 1 over the batch (PPO)"})
 
 
 # --------------------------------------------------------------------------- what an estimator sees

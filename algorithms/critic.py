@@ -8,7 +8,7 @@ The value loss itself is a shared term (:func:`~agentgym.algorithms.losses.clipp
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import torch
@@ -26,11 +26,14 @@ class CriticSettings:
     learner) or ``"model"`` (a separate copy of the network with its own head); ``critic_lr`` (None =
     ``lr``), ``critic_warmup_ratio`` (its own warmup share of ``total_steps``; None = the actor's;
     Search-R1: 0.015 against the actor's 0.285), ``value_coef``, ``value_clip_eps`` (None = no clipping)."""
-    critic: str = "head"
-    critic_lr: float | None = None
-    critic_warmup_ratio: float | None = None
-    value_coef: float = LossSettings.value_coef
-    value_clip_eps: float | None = LossSettings.value_clip_eps
+    critic: str = field(default="head", metadata={
+        "help": "head (a value head on the policy's last hidden state) or model (a separate network copy)"})
+    critic_lr: float | None = field(default=None, metadata={"help": "the critic's learning rate; null = lr"})
+    critic_warmup_ratio: float | None = field(default=None, metadata={
+        "help": "the critic's warmup share of total_steps, in [0, 1]; null = the actor's"})
+    value_coef: float = field(default=LossSettings.value_coef, metadata={"help": "weight of the value loss"})
+    value_clip_eps: float | None = field(default=LossSettings.value_clip_eps, metadata={
+        "help": "clip new values to old values +- this (PPO's clipped value loss); null = no clipping"})
 
 
 class ValueModel(nn.Module):

@@ -34,16 +34,20 @@ __all__ = ["Alarm", "HealthConfig", "HealthMonitor", "batch_health", "health_sec
 @dataclass
 class HealthConfig:
     """Collapse alarms (``health.*`` keys of a train config)."""
-    alarms: bool = True                 # check the rules below every step and warn
-    window: int = 5                     # steps over which a drop is measured
-    entropy_drop: float = 0.5           # alarm when train/entropy falls by this fraction of its window maximum
-    length_drop: float = 0.5            # the same for response tokens per episode
-    # action kind -> floor of actions per episode; alarm when its rate, once at or above 2x the floor, falls below
-    action_floors: dict[str, float] = field(default_factory=lambda: {"search": 0.1})
-    no_signal_share: float = 0.9        # alarm when at least this share of groups has zero reward variance ...
-    no_signal_steps: int = 3            # ... for this many steps in a row
-    template_mi: bool = False           # log health/input_response_mi (RAGEN-2 template collapse), opt-in
-    mi_tokens: int = 16                 # response prefix the MI estimate looks at
+    alarms: bool = field(default=True, metadata={"help": "check the rules below every step and warn"})
+    window: int = field(default=5, metadata={"help": "steps over which a drop is measured (>= 2)"})
+    entropy_drop: float = field(default=0.5, metadata={
+        "help": "alarm when train/entropy falls by this fraction of its window maximum, in (0, 1]"})
+    length_drop: float = field(default=0.5, metadata={
+        "help": "the same for response tokens per episode, in (0, 1]"})
+    action_floors: dict[str, float] = field(default_factory=lambda: {"search": 0.1}, metadata={
+        "help": "action kind -> floor of actions per episode; alarm when a rate once >= 2x its floor falls below it"})
+    no_signal_share: float = field(default=0.9, metadata={
+        "help": "alarm when at least this share of groups has zero reward variance, in (0, 1] ..."})
+    no_signal_steps: int = field(default=3, metadata={"help": "... for this many steps in a row (>= 1)"})
+    template_mi: bool = field(default=False, metadata={
+        "help": "log health/input_response_mi (RAGEN-2 template collapse), opt-in"})
+    mi_tokens: int = field(default=16, metadata={"help": "response prefix (tokens) the MI estimate looks at"})
 
     def __post_init__(self) -> None:
         if self.window < 2 or self.no_signal_steps < 1 or self.mi_tokens < 1:

@@ -22,7 +22,7 @@ cispo       CISPO's clipped, detached importance weight on ``-A · log p``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping
 
 import torch
@@ -39,9 +39,12 @@ __all__ = ["ClipSettings", "PolicyObjective", "OBJECTIVES", "register_objective"
 class ClipSettings:
     """Ratio objectives: ``clip_eps`` / ``clip_eps_high`` (clip-higher; None = symmetric);
     ``dual_clip_c`` (None = off): dual-clip's lower bound ``c·A`` for negative advantages."""
-    clip_eps: float = LossSettings.clip_eps
-    clip_eps_high: float | None = LossSettings.clip_eps_high
-    dual_clip_c: float | None = LossSettings.dual_clip_c
+    clip_eps: float = field(default=LossSettings.clip_eps, metadata={
+        "help": "the ratio's lower clip: 1 - clip_eps (> 0)"})
+    clip_eps_high: float | None = field(default=LossSettings.clip_eps_high, metadata={
+        "help": "the ratio's upper clip: 1 + clip_eps_high (clip-higher, > 0); null = clip_eps"})
+    dual_clip_c: float | None = field(default=LossSettings.dual_clip_c, metadata={
+        "help": "dual-clip: bound a negative advantage's loss at c * |A| (> 1); null = off"})
 
 
 class PolicyObjective:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
 import torch
@@ -31,10 +31,11 @@ SCHEDULES = ("constant", "linear", "cosine")
 @dataclass
 class LoraSettings:
     """LoRA adapter (``peft``). ``target_modules="all-linear"`` = every linear layer but the output head."""
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: str | tuple[str, ...] = "all-linear"
+    r: int = field(default=8, metadata={"help": "rank of the adapter matrices"})
+    alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator (the update is scaled by alpha / r)"})
+    dropout: float = field(default=0.0, metadata={"help": "dropout on the adapter's input, in [0, 1)"})
+    target_modules: str | tuple[str, ...] = field(default="all-linear", metadata={
+        "help": "module names to adapt, or all-linear (every linear layer but the output head)"})
 
 
 @dataclass
@@ -45,13 +46,18 @@ class OptimConfig:
     ``warmup_steps`` optimizer steps (None: ``warmup_ratio`` × the run's steps), then ``schedule``
     (``constant``, ``linear`` or ``cosine`` decay to 0); ``max_grad_norm`` (None = no clipping).
     """
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
-    warmup_steps: int | None = None
-    schedule: str = "constant"
-    max_grad_norm: float | None = 1.0
+    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate after warmup (>= 0)"})
+    betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW's (beta1, beta2)"})
+    weight_decay: float = field(default=0.0, metadata={
+        "help": "AdamW decoupled weight decay (not on biases and norms)"})
+    warmup_ratio: float = field(default=0.0, metadata={
+        "help": "linear warmup over this share of the run's steps, in [0, 1] (when warmup_steps is null)"})
+    warmup_steps: int | None = field(default=None, metadata={
+        "help": "linear warmup over this many optimizer steps; null = warmup_ratio"})
+    schedule: str = field(default="constant", metadata={
+        "help": "lr after the warmup: constant, or linear / cosine decay to 0 at the last step"})
+    max_grad_norm: float | None = field(default=1.0, metadata={
+        "help": "clip the gradient's global norm to this (> 0); null = no clipping"})
 
     #: the accepted ``schedule`` names (None: any the training library knows)
     schedules: ClassVar[tuple[str, ...] | None] = SCHEDULES

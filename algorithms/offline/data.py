@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -54,12 +54,14 @@ class CollectConfig:
     ``source``: ``oracle`` | ``self`` (the model being trained) | a model spec with the same
     tokenizer | ``FILE.json`` from ``agentgym eval --json`` (then nothing is collected).
     """
-    source: str = "oracle"
-    episodes: int = 64
-    samples_per_task: int = 1
-    first_task: int = 0
-    batch_size: int = 16                  # episodes per rollout call (one batched generate per turn)
-    seed: int = 0
+    source: str = field(default="oracle", metadata={
+        "help": "who plays: oracle, self (the model trained), a model spec, or FILE.json from agentgym eval --json"})
+    episodes: int = field(default=64, metadata={"help": "tasks to collect from (>= 1)"})
+    samples_per_task: int = field(default=1, metadata={"help": "episodes per task (>= 1)"})
+    first_task: int = field(default=0, metadata={"help": "index of the first task (>= 0)"})
+    batch_size: int = field(default=16, metadata={
+        "help": "episodes per rollout call (one batched generate per turn)"})
+    seed: int = field(default=0, metadata={"help": "base seed of the collected episodes (env resets)"})
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.samples_per_task < 1 or self.batch_size < 1:

@@ -48,24 +48,30 @@ class DPOData(CollectConfig):
     """Episodes to compare: ``samples_per_task`` per task from ``source`` (default: the model itself).
     ``min_gap``: the returns of chosen and rejected must differ by more than this. ``oracle_chosen``:
     also run the env's oracle on every task and add its episode to the group."""
-    source: str = "self"
-    episodes: int = 32
-    samples_per_task: int = 4
-    min_gap: float = 0.0
-    oracle_chosen: bool = False
+    source: str = field(default="self", metadata={
+        "help": "who plays: self (the model trained), oracle, a model spec, or FILE.json from agentgym eval --json"})
+    episodes: int = field(default=32, metadata={"help": "tasks to collect from (>= 1)"})
+    samples_per_task: int = field(default=4, metadata={"help": "episodes per task, compared for a pair (>= 1)"})
+    min_gap: float = field(default=0.0, metadata={
+        "help": "chosen and rejected returns must differ by more than this"})
+    oracle_chosen: bool = field(default=False, metadata={"help": "add the env's oracle episode to every task's group"})
 
 
 @dataclass
 class DPORunConfig(OfflineRunConfig):
     """One DPO run. ``loss_type`` is one TRL loss name or several joined by commas (``sigmoid,sft``,
     weighted by ``loss_weights``)."""
-    data: DPOData = field(default_factory=DPOData)
-    optim: TrainerOptimConfig = field(default_factory=lambda: TrainerOptimConfig(lr=1e-6, epochs=1.0))
-    beta: float = 0.1
-    loss_type: str = "sigmoid"
-    loss_weights: list[float] | None = None
-    precompute_ref_log_probs: bool = False
-    output_dir: str = "runs/dpo"
+    data: DPOData = field(default_factory=DPOData, metadata={"help": "the episodes to pair"})
+    optim: TrainerOptimConfig = field(default_factory=lambda: TrainerOptimConfig(lr=1e-6, epochs=1.0), metadata={
+        "help": "optimizer, schedule and data loop"})
+    beta: float = field(default=0.1, metadata={"help": "DPO's beta (> 0): strength of the pull to the reference"})
+    loss_type: str = field(default="sigmoid", metadata={
+        "help": "TRL DPO loss name, or several joined by commas (sigmoid,sft)"})
+    loss_weights: list[float] | None = field(default=None, metadata={
+        "help": "weights of the losses in loss_type; null = 1 each"})
+    precompute_ref_log_probs: bool = field(default=False, metadata={
+        "help": "compute the reference's log-probs once, before training, instead of every step"})
+    output_dir: str = field(default="runs/dpo", metadata={"help": "where the run writes its resolved config, logs and model"})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -47,16 +47,19 @@ class TrainerOptimConfig(OptimConfig):
     ``warmup`` (deprecated): the former single warmup key — steps, or a fraction of training when < 1;
     use ``warmup_steps`` or ``warmup_ratio``.
     """
-    lr: float = 2e-5
-    schedule: str = "cosine"
-    epochs: float = 2.0
-    max_steps: int = -1
-    batch_size: int = 4
-    grad_accum: int = 1
-    max_length: int | None = None
-    gradient_checkpointing: bool = False
-    logging_steps: int = 1
-    warmup: float | None = None
+    lr: float = field(default=2e-5, metadata={"help": "AdamW learning rate after warmup (>= 0)"})
+    schedule: str = field(default="cosine", metadata={
+        "help": "lr after the warmup: constant, linear, cosine or another transformers scheduler name"})
+    epochs: float = field(default=2.0, metadata={"help": "passes over the data set (> 0; fractions allowed)"})
+    max_steps: int = field(default=-1, metadata={"help": "optimizer steps to run; -1 = as many as epochs take"})
+    batch_size: int = field(default=4, metadata={"help": "examples per forward/backward (>= 1)"})
+    grad_accum: int = field(default=1, metadata={"help": "forward/backward passes per optimizer step (>= 1)"})
+    max_length: int | None = field(default=None, metadata={"help": "cut examples to this many tokens; null = no cut"})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "recompute activations in the backward pass (less memory, slower)"})
+    logging_steps: int = field(default=1, metadata={"help": "optimizer steps between logged losses (>= 1)"})
+    warmup: float | None = field(default=None, metadata={
+        "help": "deprecated: warmup steps, or a fraction of training when < 1; use warmup_steps / warmup_ratio"})
 
     schedules: ClassVar[tuple[str, ...] | None] = None   # transformers checks the name
 
@@ -94,8 +97,9 @@ class TrainerOptimConfig(OptimConfig):
 class SFTData(CollectConfig):
     """Episodes to clone. ``only_success`` (default on): drop failed episodes; ``min_reward``: also
     drop episodes whose return is below it."""
-    only_success: bool = True
-    min_reward: float | None = None
+    only_success: bool = field(default=True, metadata={"help": "drop the episodes the env judged failed"})
+    min_reward: float | None = field(default=None, metadata={
+        "help": "also drop episodes whose return is below this; null = no floor"})
 
 
 @dataclass
@@ -103,15 +107,18 @@ class OfflineRunConfig(RolloutViews):
     """What an SFT and a DPO run share: the env, the model, the token layout (as RL's), LoRA (merged
     into the exported model unless ``merge_lora=false``), seed, device and compute precision
     (:mod:`agentgym.precision`: auto = bf16 on CUDA, on a CPU what a cached probe measures faster)."""
-    env: str = "Arithmetic-v0"
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    model: str = "smollm2"
-    rollout: RolloutConfig = field(default_factory=offline_rollout)   # sampling + token layout (as RL's)
-    lora: LoraSettings | None = None
-    merge_lora: bool = True
-    seed: int = 0
-    device: str | None = None
-    precision: str = "auto"
+    env: str = field(default="Arithmetic-v0", metadata={"help": "registered env id the episodes come from"})
+    env_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"help": "keyword arguments of that env"})
+    model: str = field(default="smollm2", metadata={"help": "model to train: a catalog name, HF hub id or local path"})
+    rollout: RolloutConfig = field(default_factory=offline_rollout, metadata={
+        "help": "sampling and token layout of the collected episodes (as RL's)"})
+    lora: LoraSettings | None = field(default=None, metadata={
+        "help": "a LoRA adapter {r, alpha, dropout, target_modules}; null = full fine-tuning"})
+    merge_lora: bool = field(default=True, metadata={"help": "merge the adapter into the exported model"})
+    seed: int = field(default=0, metadata={"help": "seed of the trainer (data order, init) and of the run"})
+    device: str | None = field(default=None, metadata={"help": "torch device; null = cuda when available, else cpu"})
+    precision: str = field(default="auto", metadata={
+        "help": "compute precision: auto (bf16 on CUDA; on CPU a cached probe decides), fp32 or bf16"})
 
     config_aliases: ClassVar[dict[str, str]] = OFFLINE_ROLLOUT_ALIASES
 
@@ -123,9 +130,10 @@ class OfflineRunConfig(RolloutViews):
 @dataclass
 class SFTRunConfig(OfflineRunConfig):
     """One SFT run. Defaults: oracle episodes on Arithmetic-v0 into SmolLM2."""
-    data: SFTData = field(default_factory=SFTData)
-    optim: TrainerOptimConfig = field(default_factory=TrainerOptimConfig)
-    output_dir: str = "runs/sft"
+    data: SFTData = field(default_factory=SFTData, metadata={"help": "the episodes to clone"})
+    optim: TrainerOptimConfig = field(default_factory=TrainerOptimConfig, metadata={
+        "help": "optimizer, schedule and data loop"})
+    output_dir: str = field(default="runs/sft", metadata={"help": "where the run writes its resolved config, logs and model"})
 
 
 def trl_training_kwargs(optim: TrainerOptimConfig, out: Path, seed: int, device: str | None,
