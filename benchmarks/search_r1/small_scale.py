@@ -537,7 +537,8 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
     import torch
 
     from agentgym.config import to_dict
-    from agentgym.policies.loading import load_trained_policy
+    from agentgym.policies.loading import load_policy
+    from agentgym.policies.registry import trainable_backend
     out, runs_dir = Path(args.out), Path(args.runs_dir)
     out.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
@@ -568,7 +569,7 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
     # (a), (b): the base model
     if not {"none_base", "rag_base"} <= set(records):
         t0 = time.perf_counter()
-        base = load_trained_policy(cfg.model, device=cfg.device, seed=cfg.seed)
+        base = load_policy(cfg.model, trainable_backend(), device=cfg.device, seed=cfg.seed)
         timings["load_base"] = time.perf_counter() - t0
         baselines(base, ("none_base", "rag_base"))
         del base
@@ -590,7 +591,7 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
     sft_summary = progress.sft
     log(f"  SFT: kept {sft_summary['kept']}/{sft_summary['episodes']}, {sft_summary['steps']} steps, loss "
         f"{sft_summary['loss_first']:.3f} -> {sft_summary['loss_last']:.3f} ({timings['sft']:.0f} s)")
-    policy = load_trained_policy(sft_summary["model_dir"], device=cfg.device, dtype=torch.float32)
+    policy = load_policy(sft_summary["model_dir"], trainable_backend(), device=cfg.device, dtype=torch.float32)
     sft_state = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
     if "sft" not in records:
         records["sft"] = [timed_eval(policy, "sft", "agentic")]
