@@ -310,7 +310,9 @@ def format_config_table(config: Any, title: str | None = None) -> str:
     """A plain-text table of :func:`config_fields`: one line per knob, ``path  type  default  help``."""
     rows = [(k.path, k.type, json.dumps(k.default, default=str) if k.default != "(section)" else "", k.help)
             for k in config_fields(config)]
-    widths = [max(len(r[i]) for r in rows + [("path", "type", "default", "")]) for i in range(3)]
+    # a long default (a dict) overflows its own line rather than pushing every help to the right
+    widths = [min(cap, max(len(r[i]) for r in rows + [("path", "type", "default", "")]))
+              for i, cap in enumerate((40, 24, 16))]
     lines = [f"{title}\n" if title else ""]
     lines.append("  ".join(h.ljust(w) for h, w in zip(("path", "type", "default"), widths)) + "  help")
     lines += ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] for r in rows]

@@ -60,7 +60,7 @@ class ReturnSettings:
 class BaselineSettings:
     """REINFORCE's batch baseline: ``none``, ``mean``, ``ema`` (``baseline_momentum``) or ``rebn``."""
     baseline: str = field(default="rebn", metadata={
-        "help": "REINFORCE's baseline: none, mean (of the batch), ema (moving mean) or rebn (batch-normalised returns)"})
+        "help": "REINFORCE's baseline: none, mean (of the batch), ema (moving mean) or rebn (normalised returns)"})
     baseline_momentum: float = field(default=0.9, metadata={"help": "the ema baseline's momentum, in [0, 1)"})
 
 

@@ -1,6 +1,13 @@
-"""The RL learners' configs: :class:`UpdateConfig` (the shared optimizer config plus the update
-loop's settings), each learner's typed config composed from its parts' settings, and the flat
-:class:`LearnerConfig` users write as the ``learner:`` section.
+"""The training run's config tree: :class:`TrainConfig` (every setting ``agentgym train`` takes) with
+its sections, and the RL learners' configs — :class:`UpdateConfig` (the shared optimizer config plus
+the update loop's settings), each learner's typed config composed from its parts' settings, and the
+flat :class:`LearnerConfig` users write as the ``learner:`` section.
+
+Every knob has a default and a one-line help (``field(metadata={"help": ...})``, TRL's way);
+:func:`describe_configs` lists them (``agentgym config [train|sft|dpo|eval]``). What lives elsewhere,
+and why: a part's own settings block sits beside the part that reads it (below), the one
+:class:`~agentgym.rollout_config.RolloutConfig` in the kernel (eval and SFT/DPO nest it too), the
+optimizer in :mod:`.optim` (shared with SFT/DPO), and SFT/DPO's run configs in :mod:`.offline`.
 
 Each registered part declares the settings it reads as a small dataclass beside it, with its own
 defaults (:class:`~agentgym.algorithms.advantages.ReturnSettings`,
@@ -19,19 +26,27 @@ import dataclasses
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
+
+import torch
+
+from agentgym.policy import SamplingParams
+from agentgym.precision import check_precision
+from agentgym.rollout_config import ROLLOUT_ALIASES, RolloutConfig, RolloutViews
 
 from agentgym.algorithms.advantages import (ADVANTAGES, BASELINES, BaselineSettings, GAESettings, GroupSettings,
                                             ReturnSettings)
 from agentgym.algorithms.batch import Batch
 from agentgym.algorithms.critic import Critic, CriticSettings
+from agentgym.algorithms.health import HealthConfig
 from agentgym.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES, LossSettings
 from agentgym.algorithms.objectives import OBJECTIVES, ClipSettings
 from agentgym.algorithms.optim import LoraSettings, OptimConfig, check_optim
 from agentgym.algorithms.returns import CREDITS
 
 __all__ = ["ALGORITHM_DEFAULTS", "UpdateConfig", "LearnerConfig", "compose_config", "resolve_config",
-           "composed_config", "check_token_kinds"]
+           "composed_config", "check_token_kinds", "check_temperature", "TrainConfig", "EvalConfig", "torch_dtype",
+           "describe_configs"]
 
 #: Settings whose ``None`` in :class:`LearnerConfig` means "the algorithm's default" (the typed
 #: config's), because built-in algorithms default them differently.
@@ -42,61 +57,63 @@ ALGORITHM_DEFAULTS = frozenset({"clip_eps", "clip_eps_high", "dual_clip_c", "los
 class UpdateConfig(OptimConfig):
     """What every learner shares: :class:`~agentgym.algorithms.optim.OptimConfig` (AdamW, warmup,
     schedule, clipping) plus the update loop's settings; a learner's typed config adds its parts'.
+    Every field has a one-line help; three need more.
 
-    Schedule: ``total_steps`` counts ``update`` calls (the warmup ratio's and a decay's unit; Search-R1:
-    ``warmup_ratio=0.285``). Batching: ``micro_batch_size``: rows per forward/backward (gradient
-    accumulation); ``micro_batch_tokens`` (None = off): also a budget of padded positions (rows ×
-    longest) per micro-batch, rows grouped by length so the passes compute little padding (veRL's
-    dynamic batch size; ``pad_frac`` in the metrics is the share of padding computed);
-    ``minibatch_size``: trajectories per optimizer step (None = the whole batch); ``epochs``: passes
-    over each batch of rollouts (PPO epochs, GRPO iterations; an on-policy objective such as
-    REINFORCE's always makes one step).
+    ``temperature``: None (default) = the temperature the trajectories were sampled at
+    (``Trajectory.temperature``, set by the rollout engine from its one ``RolloutConfig``); a number is
+    only a check (:func:`check_temperature`), since ratios against log-probs of another temperature
+    would be biased.
 
-    Loss: ``loss_agg`` (see :func:`~agentgym.algorithms.losses.aggregate`); ``max_response_tokens``:
-    the constant of ``seq-mean-token-sum`` (None: the longest response of the update's batch);
-    ``kl_coef`` with ``kl_estimator`` (k1, k2, k3, low_var_kl) either in the loss or subtracted from
-    the rewards (``kl_in``); ``entropy_coef``; ``temperature``: None (default) = the temperature the
-    trajectories were sampled at (``Trajectory.temperature``, set by the rollout engine from its one
-    ``RolloutConfig``); a number is only a check — an update on trajectories sampled at another
-    temperature is refused, since ratios against their log-probs would be biased.
+    ``old_logprobs``: ``sampler`` (the ratio's old log-probs are the sampling-time ones: exact when the
+    policy samples with the module being trained), ``recompute`` (a no-grad pass of the training model
+    before the update, as verl does), or ``auto`` (recompute exactly when the sampler is a separate
+    engine such as vLLM, whose kernels and dtypes differ). When recomputing, ``tis_cap`` multiplies each
+    token's policy-gradient term by ``min(exp(logp_learner − logp_sampler), tis_cap)`` (truncated
+    importance sampling), and every update logs ``sampler_logp_diff_mean`` / ``_max`` / ``_frac``.
 
-    Masking: ``mask_env_tokens`` (False: the ablation where environment tokens carry loss too);
-    ``loss_token_kinds`` (None = by ``mask_env_tokens``): train only on tokens of these provenance
-    kinds (``Batch.train_mask(..., kinds=...)``, typed token provenance).
-
-    Off-policy safety: ``old_logprobs`` — ``sampler`` (the ratio's old log-probs are the sampling-time
-    ones: exact when the policy samples with the module being trained), ``recompute`` (a no-grad pass
-    of the training model before the update, as verl does), or ``auto`` (recompute exactly when the
-    sampler is a separate engine such as vLLM, whose kernels and dtypes differ). When recomputing,
-    ``tis_cap`` (None = off) multiplies each token's policy-gradient term by
-    ``min(exp(logp_learner − logp_sampler), tis_cap)`` (truncated importance sampling), and every update
-    logs the sampler-vs-learner divergence: ``sampler_logp_diff_mean`` / ``_max`` (|Δlogp|) and
-    ``sampler_logp_diff_frac`` (share of tokens over ``divergence_threshold``).
-
-    System: ``lora`` (None = full fine-tuning), ``gradient_checkpointing``, ``seed`` (minibatch
-    shuffling). Precision is not a learner setting but the run's (``TrainConfig.precision``), handed to
-    :func:`~agentgym.algorithms.learner.make_learner` as ``precision=``.
+    ``micro_batch_tokens``: rows grouped by length so the passes compute little padding (veRL's dynamic
+    batch size; ``pad_frac`` in the metrics is the share of padding computed). Precision is not a
+    learner setting but the run's (``TrainConfig.precision``).
     """
-    total_steps: int | None = None
-    micro_batch_size: int = 8
-    micro_batch_tokens: int | None = None
-    epochs: int = 1
-    minibatch_size: int | None = None
-    loss_agg: str = LossSettings.loss_agg
-    max_response_tokens: int | None = None
-    kl_coef: float = LossSettings.kl_coef
-    kl_estimator: str = LossSettings.kl_estimator
-    kl_in: str = "loss"
-    entropy_coef: float = LossSettings.entropy_coef
-    temperature: float | None = None
-    mask_env_tokens: bool = True
-    loss_token_kinds: tuple[str, ...] | None = None
-    old_logprobs: str = "auto"
-    tis_cap: float | None = None
-    divergence_threshold: float = 0.1
-    lora: LoraSettings | None = None
-    gradient_checkpointing: bool = False
-    seed: int = 0
+    total_steps: int | None = field(default=None, metadata={
+        "help": "update calls in the run: the unit of warmup_ratio and of a decay; null = the run's steps"})
+    micro_batch_size: int = field(default=8, metadata={
+        "help": "rows per forward/backward pass (gradient accumulation), >= 1"})
+    micro_batch_tokens: int | None = field(default=None, metadata={
+        "help": "also cap padded positions (rows x longest) per micro-batch, >= 1; null = off"})
+    epochs: int = field(default=1, metadata={
+        "help": "passes over each batch of rollouts (PPO epochs); on-policy objectives make one step"})
+    minibatch_size: int | None = field(default=None, metadata={
+        "help": "trajectories per optimizer step, >= 1; null = the whole batch"})
+    loss_agg: str = field(default=LossSettings.loss_agg, metadata={
+        "help": "how token losses become one: token-mean, seq-mean-token-sum or seq-mean-token-mean"})
+    max_response_tokens: int | None = field(default=None, metadata={
+        "help": "the constant of seq-mean-token-sum; null = the batch's longest response"})
+    kl_coef: float = field(default=LossSettings.kl_coef, metadata={
+        "help": "weight of the KL to the reference model (>= 0; 0 = no reference)"})
+    kl_estimator: str = field(default=LossSettings.kl_estimator, metadata={
+        "help": "KL estimator: k1, k2, k3 or low_var_kl"})
+    kl_in: str = field(default="loss", metadata={
+        "help": "where the KL goes: loss (a term) or reward (subtracted per token)"})
+    entropy_coef: float = field(default=LossSettings.entropy_coef, metadata={
+        "help": "weight of the entropy bonus"})
+    temperature: float | None = field(default=None, metadata={
+        "help": "log-prob temperature; null = the rollouts' (a number is only checked against it)"})
+    mask_env_tokens: bool = field(default=True, metadata={
+        "help": "no loss on environment tokens (false: the ablation where they carry loss too)"})
+    loss_token_kinds: tuple[str, ...] | None = field(default=None, metadata={
+        "help": "train only on tokens of these provenance kinds; null = by mask_env_tokens"})
+    old_logprobs: str = field(default="auto", metadata={
+        "help": "the ratio's old log-probs: sampler, recompute, or auto (recompute for a separate sampler)"})
+    tis_cap: float | None = field(default=None, metadata={
+        "help": "truncated importance-sampling cap (>= 1) when recomputing; null = off"})
+    divergence_threshold: float = field(default=0.1, metadata={
+        "help": "|sampler - learner| log-prob gap counted in sampler_logp_diff_frac"})
+    lora: LoraSettings | None = field(default=None, metadata={
+        "help": "a LoRA adapter {r, alpha, dropout, target_modules}; null = full fine-tuning"})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "recompute activations in the backward pass (less memory, slower)"})
+    seed: int = field(default=0, metadata={"help": "seed of minibatch shuffling (and a LoRA adapter's init)"})
 
     def __post_init__(self) -> None:
         check_optim(self)
@@ -140,10 +157,14 @@ class LearnerConfig(ReturnSettings, BaselineSettings, GroupSettings, GAESettings
     ``extra``: settings of parts registered by user modules (``learner.extra.my_coef=0.5``), checked
     against the algorithm's typed config.
     """
-    credit: str | None = None
-    clip_eps: float | None = None
-    loss_agg: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    credit: str | None = field(default=None, metadata={
+        "help": "how step rewards reach each turn's tokens: episode, turn, gigpo or token; null = the algorithm's"})
+    clip_eps: float | None = field(default=None, metadata={
+        "help": "the ratio's lower clip 1 - clip_eps (> 0); null = the algorithm's (0.2; GSPO 3e-4)"})
+    loss_agg: str | None = field(default=None, metadata={
+        "help": "token-mean, seq-mean-token-sum or seq-mean-token-mean; null = the algorithm's (token-mean)"})
+    extra: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "settings of parts registered by user modules (learner.extra.my_coef=0.5)"})
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -231,7 +252,8 @@ def compose_config(name: str, *parts: type, doc: str | None = None) -> type[Upda
     unknown = set(defaults) - set(types)
     if unknown:
         raise ValueError(f"{name}: defaults for {sorted(unknown)}, which no part's settings declare")
-    extra_fields = [(k, types[k], field(default=v)) for k, v in defaults.items()]
+    helps = {f.name: f.metadata for b in bases for f in dataclasses.fields(b)}
+    extra_fields = [(k, types[k], field(default=v, metadata=helps[k])) for k, v in defaults.items()]
     cls = dataclasses.make_dataclass(name, extra_fields, bases=tuple(bases),
                                      namespace={"__doc__": doc or f"{name}: UpdateConfig + its parts' settings."})
     cls.__module__ = __name__
@@ -293,3 +315,166 @@ def check_token_kinds(kinds: Sequence[str]) -> None:
     unknown = sorted(set(kinds) - set(TOKEN_KINDS))
     if unknown:
         raise ValueError(f"learner.loss_token_kinds: unknown token kinds {unknown}; known: {', '.join(TOKEN_KINDS)}")
+
+
+def check_temperature(learner_temperature: float | None, sampled_temperature: float) -> None:
+    """The one check that the learner's log-probs are at the rollouts' temperature: run when a train
+    config is built (against ``rollout.sampling``) and by the learner on every batch (against the
+    trajectories'). Ratios against log-probs of another temperature would be biased."""
+    if learner_temperature is not None and abs(learner_temperature - sampled_temperature) > 1e-9:
+        raise ValueError(f"learner.temperature={learner_temperature} but the trajectories are sampled at temperature "
+                         f"{sampled_temperature}; leave learner.temperature unset (it follows the rollouts)")
+
+
+# --------------------------------------------------------------------------- the run's root config
+
+def _train_rollout() -> RolloutConfig:
+    """The main job's rollout settings: short answers, a 2k-token context."""
+    return RolloutConfig(sampling=SamplingParams(max_new_tokens=48), max_obs_tokens=256, max_context_tokens=2048)
+
+
+@dataclass
+class EvalConfig:
+    """The held-out evals of a training run (``eval.*``): greedy, with the run's token layout."""
+    every: int = field(default=0, metadata={
+        "help": "steps between evals, >= 0 (0: only before and after training)"})
+    episodes: int = field(default=16, metadata={"help": "episodes per eval, >= 1"})
+    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "test"}, metadata={
+        "help": "env arguments of the evals (the held-out split)"})
+    first_task: int = field(default=0, metadata={
+        "help": "index of the first eval task, >= 0: the same tasks at every eval"})
+
+@dataclass
+class TrainConfig(RolloutViews):
+    """Everything a run needs. Defaults: the README's main job (a short CPU run).
+
+    The default task is ``Math-v0`` at its warm-up level (one operation on numbers up to 20,
+    single turn, answer read from ``\\boxed{}``, an "answer is" phrase or the last number): the
+    untrained SmolLM2-135M solves about a third of these when sampling, so the rewards inside a
+    GRPO group differ and every step has a learning signal. (On ``Arithmetic-v0`` it never writes
+    the ``<answer>`` tag, every reward in a group is equal and GRPO's advantages are exactly zero.)
+    ``env_kwargs`` holds the default env's arguments: a config that picks another env starts from
+    ``{}`` (:func:`~agentgym.config.load_config`). ``rollout``'s short keys (``sampling.*``, ``style``,
+    ``max_obs_tokens``, ``max_context_tokens``) are accepted too.
+    """
+    env: str = field(default="Math-v0", metadata={"help": "registered env id to train on"})
+    env_kwargs: dict[str, Any] = field(
+        default_factory=lambda: {"kinds": ["arithmetic"], "difficulty": 0, "max_turns": 1},
+        metadata={"help": "keyword arguments of the env (the default env's; another env starts from {})",
+                  "defaults_belong_to": "env"})
+    model: str = field(default="smollm2", metadata={
+        "help": "model to train: a catalog name, HF hub id or local path"})
+    algo: str = field(default="grpo", metadata={
+        "help": "registered learner: grpo, ppo, reinforce, rloo, gspo, cispo, dual-clip-ppo or your own"})
+    steps: int = field(default=12, metadata={"help": "training steps (rollouts, then an update), >= 1"})
+    groups_per_step: int = field(default=4, metadata={"help": "tasks per step, >= 1"})
+    group_size: int = field(default=4, metadata={"help": "episodes per task (a GRPO group), >= 1"})
+    seed: int = field(default=0, metadata={"help": "seed of the run (task choice, sampling, init)"})
+    rollout: RolloutConfig = field(default_factory=_train_rollout, metadata={
+        "help": "sampling and token layout of rollouts; evals use it greedily"})
+    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(lr=1e-5, micro_batch_size=4), metadata={
+        "help": "the learner: optimizer, update loop, loss and its parts' settings"})
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "held-out evals during training"})
+    checkpoint_every: int = field(default=4, metadata={
+        "help": "steps between checkpoints, >= 0 (0: only the final); only the newest keeps --resume's state"})
+    keep_checkpoints: int = field(default=1, metadata={"help": "checkpoints kept on disk, >= 1"})
+    output_dir: str = field(default="runs/train", metadata={
+        "help": "run directory; a run never overwrites another run's"})
+    tensorboard: bool = field(default=True, metadata={"help": "also write TensorBoard event files"})
+    device: str | None = field(default=None, metadata={"help": "torch device; null = cuda when available, else cpu"})
+    backend: str | None = field(default=None, metadata={
+        "help": "generation backend: hf (in place) or vllm (synced after every update); null = vllm on CUDA, else hf"})
+    backend_options: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "options of that backend (hf: reuse_kv, attn_implementation, ...; vllm: vllm.LLM arguments)"})
+    fsdp: bool = field(default=False, metadata={
+        "help": "under torchrun on CUDA: shard the trained model with FSDP2 (needs backend=vllm)"})
+    rollout_workers: int = field(default=0, metadata={
+        "help": "generation engines as Ray actors (weights pushed after every update), >= 0; 0 = none"})
+    weight_transfer: str = field(default="auto", metadata={
+        "help": "how weights reach those workers: auto, collective or object_store"})
+    dtype: str | None = field(default=None, metadata={
+        "help": "weights' torch dtype (float32: fp32 master weights); null = bf16 on CUDA, fp32 on CPU"})
+    precision: str = field(default="auto", metadata={
+        "help": "compute precision: auto (bf16 on CUDA; on CPU a cached probe decides), fp32 or bf16"})
+    max_staleness: int = field(default=0, metadata={
+        "help": "updates the sampler's weights may lag (overlapped generation), >= 0; 0 = on-policy"})
+    health: HealthConfig = field(default_factory=HealthConfig, metadata={
+        "help": "training-health alarms (entropy / length / action-rate collapse, groups without signal)"})
+
+    config_aliases: ClassVar[dict[str, str]] = ROLLOUT_ALIASES
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rollout, dict):
+            self.rollout = RolloutConfig(**self.rollout)
+        self._check_counts()
+        if self.dtype is not None:
+            torch_dtype(self.dtype)
+        check_precision(self.precision)
+        from agentgym.policies.ray_pool import check_weight_transfer
+        check_weight_transfer(self.weight_transfer)
+        if not isinstance(self.backend_options, dict):
+            raise ValueError(f"backend_options must be a mapping, got {self.backend_options!r}")
+        from agentgym.policies.registry import check_backend
+        check_backend(self.backend, self.backend_options)   # a registered name, and options it takes
+        check_temperature(self.learner.temperature, self.rollout.sampling.logprob_temperature)
+
+    def _check_counts(self) -> None:
+        for name in ("steps", "groups_per_step", "group_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (0: only the final checkpoint), got {self.checkpoint_every}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if self.eval.every < 0 or self.eval.first_task < 0 or self.eval.episodes < 1:
+            raise ValueError("eval.every and eval.first_task must be >= 0, eval.episodes >= 1")
+        if not self.output_dir:
+            raise ValueError("output_dir must not be empty")
+        if self.rollout_workers < 0:
+            raise ValueError(f"rollout_workers must be >= 0, got {self.rollout_workers}")
+        if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be an integer >= 0 (0: on-policy), got {self.max_staleness!r}")
+
+
+def torch_dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must name a torch dtype (float32, bfloat16, float16), got {name!r}")
+    return dtype
+
+
+# --------------------------------------------------------------------------- listing every knob
+
+def _command_configs() -> dict[str, Any]:
+    """The root config of each command, imported when asked for (SFT/DPO import TRL-side modules)."""
+    def sft() -> type:
+        from agentgym.algorithms.offline.sft import SFTRunConfig
+        return SFTRunConfig
+
+    def dpo() -> type:
+        from agentgym.algorithms.offline.dpo import DPORunConfig
+        return DPORunConfig
+
+    def eval_() -> type:
+        import importlib
+        for module in ("agentgym.evaluation", "agentgym.app.evaluation"):
+            try:
+                return importlib.import_module(module).EvalRunConfig
+            except (ImportError, AttributeError):
+                continue
+        raise ImportError("EvalRunConfig not found")
+    return {"train": lambda: TrainConfig, "sft": sft, "dpo": dpo, "eval": eval_}
+
+
+def describe_configs(command: str | None = None) -> str:
+    """Every knob of ``command``'s config (``train``, ``sft``, ``dpo`` or ``eval``; None: all of them) as
+    plain-text tables, one line per knob: dotted path, type, default, help. ``agentgym config`` prints this."""
+    from agentgym.config import format_config_table
+    configs = _command_configs()
+    if command is not None and command not in configs:
+        raise ValueError(f"no config for command {command!r}; choose one of {', '.join(configs)}")
+    names = [command] if command is not None else list(configs)
+    return "\n".join(format_config_table(configs[n](), title=f"agentgym {n}: {configs[n]().__name__}")
+                     for n in names)

@@ -40,7 +40,7 @@ from agentgym.trajectory import Trajectory
 from agentgym.algorithms import distributed
 from agentgym.algorithms.advantages import ADVANTAGES, AdvantageEstimator, AdvantageInputs
 from agentgym.algorithms.batch import Batch, collate
-from agentgym.algorithms.config import check_token_kinds, composed_config, resolve_config
+from agentgym.algorithms.config import check_temperature, check_token_kinds, composed_config, resolve_config
 from agentgym.algorithms.critic import Critic, ValueModel
 from agentgym.algorithms.losses import LossSettings, kl_penalty, masked_mean, ppo_objective, token_logprobs
 from agentgym.algorithms.objectives import OBJECTIVES, PolicyObjective
@@ -239,9 +239,7 @@ class Learner(LearnerState):
         if not temps:
             return self.config.temperature or 1.0
         t = float(temps.pop())
-        if self.config.temperature is not None and abs(self.config.temperature - t) > 1e-9:
-            raise ValueError(f"learner.temperature={self.config.temperature} but the trajectories were sampled at "
-                             f"temperature {t}; leave learner.temperature unset (it follows the rollouts)")
+        check_temperature(self.config.temperature, t)
         return t
 
     @property

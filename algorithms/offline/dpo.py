@@ -71,7 +71,8 @@ class DPORunConfig(OfflineRunConfig):
         "help": "weights of the losses in loss_type; null = 1 each"})
     precompute_ref_log_probs: bool = field(default=False, metadata={
         "help": "compute the reference's log-probs once, before training, instead of every step"})
-    output_dir: str = field(default="runs/dpo", metadata={"help": "where the run writes its resolved config, logs and model"})
+    output_dir: str = field(default="runs/dpo", metadata={
+        "help": "where the run writes its resolved config, logs and model"})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -133,7 +133,8 @@ class SFTRunConfig(OfflineRunConfig):
     data: SFTData = field(default_factory=SFTData, metadata={"help": "the episodes to clone"})
     optim: TrainerOptimConfig = field(default_factory=TrainerOptimConfig, metadata={
         "help": "optimizer, schedule and data loop"})
-    output_dir: str = field(default="runs/sft", metadata={"help": "where the run writes its resolved config, logs and model"})
+    output_dir: str = field(default="runs/sft", metadata={
+        "help": "where the run writes its resolved config, logs and model"})
 
 
 def trl_training_kwargs(optim: TrainerOptimConfig, out: Path, seed: int, device: str | None,
