@@ -1,0 +1,94 @@
+"""Every knob of every command's config has a one-line help, and ``agentgym config`` lists them all."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+
+from agentgym.algorithms.config import TrainConfig, describe_configs
+from agentgym.algorithms.offline.dpo import DPORunConfig
+from agentgym.algorithms.offline.sft import SFTRunConfig
+from agentgym.config import config_fields, format_config_table
+
+
+def _eval_run_config() -> type:
+    for module in ("agentgym.evaluation", "agentgym.app.evaluation"):
+        try:
+            return importlib.import_module(module).EvalRunConfig
+        except (ImportError, AttributeError):
+            continue
+    pytest.skip("EvalRunConfig not importable")
+
+
+ROOTS = {"train": lambda: TrainConfig, "sft": lambda: SFTRunConfig, "dpo": lambda: DPORunConfig,
+         "eval": _eval_run_config}
+
+
+# EvalRunConfig (agentgym/evaluation.py) gets its helps in a parallel change; drop this mark when it lands
+_EVAL_PENDING = pytest.mark.xfail(reason="EvalRunConfig's helps are not written yet", strict=False)
+
+
+@pytest.mark.parametrize("command", ["dpo", pytest.param("eval", marks=_EVAL_PENDING), "sft", "train"])
+def test_every_knob_has_a_one_line_help(command):
+    knobs = list(config_fields(ROOTS[command]()))
+    assert len(knobs) > 10
+    missing = [k.path for k in knobs if not k.help.strip()]
+    assert missing == [], f"{command}: knobs without metadata['help']: {missing}"
+    multiline = [k.path for k in knobs if "\n" in k.help]
+    assert multiline == []
+
+
+def test_a_knob_added_without_help_is_caught():
+    @dataclasses.dataclass
+    class Grown(TrainConfig):
+        new_knob: int = 3
+
+    missing = [k.path for k in config_fields(Grown) if not k.help]
+    assert missing == ["new_knob"]
+
+
+def test_listing_names_nested_knobs_with_their_resolved_defaults():
+    knobs = {k.path: k for k in config_fields(TrainConfig)}
+    assert knobs["learner.lr"].default == 1e-5                      # TrainConfig's, not OptimConfig's 1e-6
+    assert knobs["learner.micro_batch_size"].default == 4
+    assert knobs["rollout.sampling.temperature"].default == 1.0
+    assert knobs["rollout.sampling.max_new_tokens"].default == 48
+    assert knobs["health.window"].default == 5
+    assert knobs["eval.env_kwargs"].default == {"split": "test"}
+    assert knobs["learner.lr"].type == "float" and "learning rate" in knobs["learner.lr"].help
+    assert knobs["rollout"].default == "(section)" and knobs["rollout"].help
+
+
+def test_every_listed_default_is_what_train_config_resolves_to():
+    cfg = TrainConfig()
+    for knob in config_fields(cfg):
+        if knob.default == "(section)":
+            continue
+        value = cfg
+        for part in knob.path.split("."):
+            value = getattr(value, part)
+        assert value == knob.default, knob.path
+
+
+def test_table_has_one_line_per_knob_with_path_default_and_help():
+    table = describe_configs("train")
+    lines = table.splitlines()
+    assert lines[0] == "agentgym train: TrainConfig"
+    assert lines[1].split()[:4] == ["path", "type", "default", "help"]
+    assert len(lines) == 2 + len(list(config_fields(TrainConfig)))
+    lr = next(line for line in lines if line.startswith("learner.lr "))
+    assert "1e-05" in lr and "learning rate" in lr
+    temp = next(line for line in lines if line.startswith("rollout.sampling.temperature "))
+    assert "1.0" in temp and "temperature" in temp
+    assert format_config_table(SFTRunConfig).splitlines()[0].startswith("path")
+
+
+def test_describe_configs_covers_every_command_and_refuses_others():
+    for command in ("sft", "dpo"):
+        assert f"agentgym {command}:" in describe_configs(command)
+    assert "optim.epochs" in describe_configs("sft")
+    assert "beta " in describe_configs("dpo")
+    with pytest.raises(ValueError, match="train"):
+        describe_configs("nope")
