@@ -46,7 +46,7 @@ from agentgym.algorithms.returns import CREDITS
 
 __all__ = ["ALGORITHM_DEFAULTS", "UpdateConfig", "LearnerConfig", "compose_config", "resolve_config",
            "composed_config", "check_token_kinds", "check_temperature", "TrainConfig", "EvalConfig", "torch_dtype",
-           "describe_configs"]
+           "COMMAND_CONFIGS", "command_config", "describe_configs"]
 
 #: Settings whose ``None`` in :class:`LearnerConfig` means "the algorithm's default" (the typed
 #: config's), because built-in algorithms default them differently.
@@ -447,34 +447,34 @@ def torch_dtype(name: str | None) -> torch.dtype | None:
 
 # --------------------------------------------------------------------------- listing every knob
 
-def _command_configs() -> dict[str, Any]:
-    """The root config of each command, imported when asked for (SFT/DPO import TRL-side modules)."""
-    def sft() -> type:
-        from agentgym.algorithms.offline.sft import SFTRunConfig
-        return SFTRunConfig
+#: Each command's root config as ``module:Class`` (the first that imports wins: the evaluation module may
+#: sit in the kernel or in the application package), imported only when asked for.
+COMMAND_CONFIGS: dict[str, tuple[str, ...]] = {
+    "train": ("agentgym.algorithms.config:TrainConfig",),
+    "sft": ("agentgym.algorithms.offline.sft:SFTRunConfig",),
+    "dpo": ("agentgym.algorithms.offline.dpo:DPORunConfig",),
+    "eval": ("agentgym.evaluation:EvalRunConfig", "agentgym.app.evaluation:EvalRunConfig"),
+}
 
-    def dpo() -> type:
-        from agentgym.algorithms.offline.dpo import DPORunConfig
-        return DPORunConfig
 
-    def eval_() -> type:
-        import importlib
-        for module in ("agentgym.evaluation", "agentgym.app.evaluation"):
-            try:
-                return importlib.import_module(module).EvalRunConfig
-            except (ImportError, AttributeError):
-                continue
-        raise ImportError("EvalRunConfig not found")
-    return {"train": lambda: TrainConfig, "sft": sft, "dpo": dpo, "eval": eval_}
+def command_config(command: str) -> type:
+    """The root config class of ``command`` (``train``, ``sft``, ``dpo`` or ``eval``)."""
+    import importlib
+    if command not in COMMAND_CONFIGS:
+        raise ValueError(f"no config for command {command!r}; choose one of {', '.join(COMMAND_CONFIGS)}")
+    for spec in COMMAND_CONFIGS[command]:
+        module, _, name = spec.partition(":")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError(f"{command}: none of {', '.join(COMMAND_CONFIGS[command])} is importable")
 
 
 def describe_configs(command: str | None = None) -> str:
     """Every knob of ``command``'s config (``train``, ``sft``, ``dpo`` or ``eval``; None: all of them) as
     plain-text tables, one line per knob: dotted path, type, default, help. ``agentgym config`` prints this."""
     from agentgym.config import format_config_table
-    configs = _command_configs()
-    if command is not None and command not in configs:
-        raise ValueError(f"no config for command {command!r}; choose one of {', '.join(configs)}")
-    names = [command] if command is not None else list(configs)
-    return "\n".join(format_config_table(configs[n](), title=f"agentgym {n}: {configs[n]().__name__}")
-                     for n in names)
+    names = [command] if command is not None else list(COMMAND_CONFIGS)
+    return "\n".join(format_config_table(cls, title=f"agentgym {n}: {cls.__name__}")
+                     for n, cls in ((n, command_config(n)) for n in names))

@@ -3,27 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import pytest
 
-from agentgym.algorithms.config import TrainConfig, describe_configs
-from agentgym.algorithms.offline.dpo import DPORunConfig
+from agentgym.algorithms.config import TrainConfig, command_config, describe_configs
 from agentgym.algorithms.offline.sft import SFTRunConfig
 from agentgym.config import config_fields, format_config_table
-
-
-def _eval_run_config() -> type:
-    for module in ("agentgym.evaluation", "agentgym.app.evaluation"):
-        try:
-            return importlib.import_module(module).EvalRunConfig
-        except (ImportError, AttributeError):
-            continue
-    pytest.skip("EvalRunConfig not importable")
-
-
-ROOTS = {"train": lambda: TrainConfig, "sft": lambda: SFTRunConfig, "dpo": lambda: DPORunConfig,
-         "eval": _eval_run_config}
 
 
 # EvalRunConfig (agentgym/evaluation.py) gets its helps in a parallel change; drop this mark when it lands
@@ -32,7 +17,7 @@ _EVAL_PENDING = pytest.mark.xfail(reason="EvalRunConfig's helps are not written 
 
 @pytest.mark.parametrize("command", ["dpo", pytest.param("eval", marks=_EVAL_PENDING), "sft", "train"])
 def test_every_knob_has_a_one_line_help(command):
-    knobs = list(config_fields(ROOTS[command]()))
+    knobs = list(config_fields(command_config(command)))
     assert len(knobs) > 10
     missing = [k.path for k in knobs if not k.help.strip()]
     assert missing == [], f"{command}: knobs without metadata['help']: {missing}"
