@@ -290,16 +290,21 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
 
 
 def is_negative_control(label: str) -> bool:
-    """A variant trained with lr 0 (``grpo:lr=0``): it samples and updates like the others but cannot
-    learn, so whatever it gains is the noise floor every learner must clear."""
-    for setting in label.split(":")[1:]:
+    """A negative control: a variant trained with lr 0 (``grpo:lr=0``), or a learner registered as one
+    (``grpo-shuffled``: advantages from another group's episodes). It samples and updates like the
+    others but cannot learn from its own actions, so whatever it gains is the noise floor every learner
+    must clear."""
+    from agentgym.algorithms.controls import is_negative_control_learner
+    algo, *settings = label.split(":")
+    for setting in settings:
         key, _, value = setting.partition("=")
         if key.strip() in ("lr", "learner.lr"):
             try:
-                return float(value) == 0.0
+                if float(value) == 0.0:
+                    return True
             except ValueError:
-                return False
-    return False
+                pass
+    return is_negative_control_learner(algo.strip())
 
 
 def _control_lines(diffs: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -307,7 +312,7 @@ def _control_lines(diffs: Sequence[Mapping[str, Any]]) -> list[str]:
     rows = [d for d in diffs if is_negative_control(d["a"]) != is_negative_control(d["b"])]
     if not rows:
         return []
-    out = ["**Against the negative control** (lr 0: samples and updates, cannot learn):", ""]
+    out = ["**Against the negative control** (samples and updates, cannot learn from its own actions):", ""]
     for d in rows:
         learner, control = (d["b"], d["a"]) if is_negative_control(d["a"]) else (d["a"], d["b"])
         sign = -1.0 if is_negative_control(d["a"]) else 1.0
