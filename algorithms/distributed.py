@@ -1,6 +1,6 @@
 """Data-parallel training on ``torch.distributed`` (``torchrun``): gloo on CPU, NCCL (+ FSDP2) on CUDA.
 
-``torchrun --nproc-per-node N -m agentgym.cli train …`` starts N processes; :func:`init_from_env`
+``torchrun --nproc-per-node N -m agentgym.app.cli train …`` starts N processes; :func:`init_from_env`
 joins them into one process group (from torchrun's ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR``
 variables). The division of work, and why:
 

@@ -237,7 +237,7 @@ class Trainer:
     def evaluate(self, tag: str) -> tuple[dict[str, float], list[Any]]:
         from tqdm import tqdm
 
-        from agentgym.evaluation import show_generating
+        from agentgym.app.evaluation import show_generating
         with tqdm(total=self.cfg.eval.episodes, desc=f"eval {tag} (held-out, greedy)", unit="ep", leave=False,
                   position=1 if self._bar is not None else 0) as bar:
             def progress(done: int, total: int, tokens: int = 0, generating: tuple[int, int] | None = None) -> None:
@@ -254,9 +254,9 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def train(self, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
         """Run to ``cfg.steps``. A non-empty output directory is refused unless ``resume`` (continue from
-        its last checkpoint) or ``overwrite`` (delete it first); see :mod:`agentgym.runs`. Ctrl-C raises
+        its last checkpoint) or ``overwrite`` (delete it first); see :mod:`agentgym.app.runs`. Ctrl-C raises
         :class:`TrainingInterrupted` after checkpointing the last whole step."""
-        from agentgym.runs import prepare_output_dir
+        from agentgym.app.runs import prepare_output_dir
         cfg = self.cfg
         main = self.is_main
         if main:   # only rank 0 writes (other ranks read checkpoints when resuming)
@@ -418,7 +418,7 @@ class Trainer:
         gain = held_out_gain(before, final)
         if gain is not None:
             (self.out / "evals.json").write_text(json.dumps(self.evals + [{"tag": "gain", **gain}], indent=1))
-        from agentgym.runs import release_output_dir
+        from agentgym.app.runs import release_output_dir
         release_output_dir(self.out)   # finished: another process may now --resume or --overwrite it
         return {"before": before, "after": final, "history": self.history, "output_dir": str(self.out), "gain": gain}
 
@@ -444,7 +444,7 @@ class Trainer:
             as_backend(self.policy).close()
 
     def write_artifacts(self, eval_trajectories: list[Any]) -> None:
-        from agentgym.report import write_html_report
+        from agentgym.app.report import write_html_report
         from agentgym.algorithms.health import health_section
         alarms = self.health.alarms
         (self.out / "alarms.json").write_text(json.dumps([asdict(a) for a in alarms], indent=1))

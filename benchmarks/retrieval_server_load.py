@@ -38,7 +38,7 @@ def start_server(index: str, max_request_bytes: int, threads: int, timeout_s: fl
     """``agentgym retriever serve INDEX --port 0``; returns the process and its /retrieve URL."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "agentgym.cli", "retriever", "serve", index, "--port", "0",
+    cmd = [sys.executable, "-m", "agentgym.app.cli", "retriever", "serve", index, "--port", "0",
            "--max-request-bytes", str(max_request_bytes)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert proc.stdout is not None

@@ -172,7 +172,7 @@ def test_cli_takes_a_backend_an_import_module_registers(tmp_path):
         "        ids = self.tokenizer.encode('<answer>4</answer>', add_special_tokens=False)\n"
         "        return [Generation(ids, [0.0] * len(ids), '<answer>4</answer>', 'stop') for _ in prompts]\n"
         "register_backend('fixed', Fixed)\n")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "agentgym.cli", *a], cwd=tmp_path,  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "agentgym.app.cli", *a], cwd=tmp_path,  # noqa: E731
                                     capture_output=True, text=True, timeout=300)
     res = run("--import", "mybackend", "eval", "Arithmetic-v0", "--policy", "tiny-random", "--backend", "fixed",
               "--episodes", "2", "--max-new-tokens", "12")

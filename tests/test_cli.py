@@ -60,7 +60,7 @@ def run_cli(*args: str, stdin: str = "", pythonpath: Path | None = None, timeout
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "agentgym.cli", *args], input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "agentgym.app.cli", *args], input=stdin, capture_output=True,
                           text=True, timeout=timeout, env=env)
 
 
@@ -200,7 +200,7 @@ def test_sandbox_status_and_help():
 @pytest.mark.parametrize("argv", [["check", "Nope-v0"], ["play", "Nope-v0"], ["eval", "Nope-v0", "--policy", "oracle"],
                                   ["train", "env=Nope-v0"], ["sft", "env=Nope-v0"], ["dpo", "env=Nope-v0"]])
 def test_an_unknown_env_is_a_usage_error_listing_the_ids_in_every_command(argv):
-    r = subprocess.run([sys.executable, "-m", "agentgym.cli", *argv], capture_output=True, text=True, timeout=300,
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", *argv], capture_output=True, text=True, timeout=300,
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 2, (argv, r.returncode, r.stderr[-500:])
     err = r.stderr.strip()
@@ -211,7 +211,7 @@ def test_an_unknown_env_is_a_usage_error_listing_the_ids_in_every_command(argv):
 def test_every_option_of_every_command_has_help():
     import argparse
 
-    from agentgym.cli import build_parser
+    from agentgym.app.cli import build_parser
 
     missing = []
 

@@ -15,7 +15,7 @@ import pytest
 
 from agentgym.algorithms import compare as cmp
 from agentgym.algorithms.compare import CompareError, RunRecord, Variant, parse_variants, summarize_runs
-from agentgym.cli import main
+from agentgym.app.cli import main
 from fixtures_llm import one_torch_thread  # noqa: F401  (autouse: a 64-wide model is faster on one thread)
 
 TINY = ["model=tiny-random", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4", "eval.episodes=2",
@@ -101,7 +101,7 @@ def test_bad_arguments_are_one_line_errors(argv, message, tmp_path, capsys):
 
 
 def test_bad_arguments_in_a_real_process_exit_2_with_one_line():
-    r = subprocess.run([sys.executable, "-m", "agentgym.cli", "compare", "--algos", "reinforce,sarsa"],
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", "compare", "--algos", "reinforce,sarsa"],
                        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "unknown algo 'sarsa'" in r.stderr

@@ -70,7 +70,7 @@ def test_train_config_section_check_names_the_section(override):
 
 def test_cli_prints_the_path_without_a_stray_dot():
     """The message a user sees (configs are validated before a model loads, so this exits fast)."""
-    r = subprocess.run([sys.executable, "-m", "agentgym.cli", "train", "rollout.sampling.top_p=7"],
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", "train", "rollout.sampling.top_p=7"],
                        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert r.returncode != 0
     assert "rollout.sampling: top_p must be in (0, 1], got 7.0" in r.stderr and ".:" not in r.stderr, r.stderr

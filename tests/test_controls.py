@@ -76,7 +76,7 @@ def test_the_control_is_known_as_one():
 def test_compare_runs_the_control_and_reports_every_learner_against_it(tmp_path, capsys):
     """A real (tiny) comparison: the control trains like any learner and compare.md judges GRPO against it."""
     from agentgym.algorithms.compare_report import is_negative_control
-    from agentgym.cli import main
+    from agentgym.app.cli import main
     assert is_negative_control("grpo-shuffled") and is_negative_control("grpo-shuffled:learner.lr=1e-5")
     assert is_negative_control("grpo:lr=0") and not is_negative_control("grpo") and not is_negative_control("ppo:lr=1e-5")
     out = tmp_path / "cmp"

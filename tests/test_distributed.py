@@ -2,7 +2,7 @@
 
 * two processes updating on a fixed global batch give the parameters of one process, up to fp32
   summation order (:func:`assert_same_update`), and a deliberately wrong all-reduce is caught;
-* ``torchrun -m agentgym.cli train`` runs end to end, only rank 0 writes;
+* ``torchrun -m agentgym.app.cli train`` runs end to end, only rank 0 writes;
 * a killed-and-resumed two-process run matches an uninterrupted one.
 """
 
@@ -172,7 +172,7 @@ TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "
 
 
 def _train(out: Path, *extra: str) -> list[str]:
-    return [*TORCHRUN, "-m", "agentgym.cli", "train", *TINY, f"output_dir={out}", *extra]
+    return [*TORCHRUN, "-m", "agentgym.app.cli", "train", *TINY, f"output_dir={out}", *extra]
 
 
 def _rows(out: Path) -> list[dict[str, str]]:
@@ -227,7 +227,7 @@ def test_torchrun_train_end_to_end_and_resume_after_a_kill(tmp_path, mode):
 
 
 def test_fsdp_without_torchrun_is_a_clear_error(tmp_path, capsys):
-    from agentgym.cli import main
+    from agentgym.app.cli import main
     code = main(["train", *TINY, "fsdp=true", "steps=1", f"output_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
     assert code != 0 and "fsdp=true needs torchrun" in err and "Traceback" not in err

@@ -5,7 +5,7 @@
   (``HF_HUB_OFFLINE=1``), on one thread. A block is skipped only when the line just before its fence is
   ``<!-- not-run: REASON -->`` with a real reason (a GPU, vLLM, a model download, minutes of compute).
 * Every ``agentgym ...`` command in a ```bash block parses with the real command line
-  (``agentgym.cli.build_parser()``): the subcommand and its flags exist, and its ``key=value``
+  (``agentgym.app.cli.build_parser()``): the subcommand and its flags exist, and its ``key=value``
   overrides name real config keys.
 * Every relative link resolves to a file of this repository (and a ``#heading`` to a heading there).
 """
@@ -166,9 +166,9 @@ def shell_commands(code: str) -> list[list[str]]:
 
 
 def agentgym_argv(cmd: list[str]) -> list[str] | None:
-    """The arguments after ``agentgym`` / ``-m agentgym.cli`` in a command, or None if it runs neither."""
+    """The arguments after ``agentgym`` / ``-m agentgym.app.cli`` (or the old ``-m agentgym.cli``) in a command, or None if it runs neither."""
     for k, t in enumerate(cmd):
-        if t == "agentgym" or (t == "agentgym.cli" and k > 0 and cmd[k - 1] == "-m"):
+        if t == "agentgym" or (t in ("agentgym.cli", "agentgym.app.cli") and k > 0 and cmd[k - 1] == "-m"):
             return cmd[k + 1:]
     return None
 
@@ -185,7 +185,7 @@ def bash_agentgym_commands() -> list[tuple[str, list[str]]]:
 
 def check_command(argv: list[str]) -> str | None:
     """None when ``agentgym ARGV`` parses as the CLI would take it, else why not."""
-    from agentgym.cli import build_parser
+    from agentgym.app.cli import build_parser
     from agentgym.config import load_config
     parser = build_parser()
     try:
@@ -202,7 +202,7 @@ def check_command(argv: list[str]) -> str | None:
     overrides = [o for o in list(getattr(args, "overrides", None) or []) + extra if o not in ("...", "…")]
     classes = {"train": "agentgym.algorithms.trainer:TrainConfig", "compare": "agentgym.algorithms.trainer:TrainConfig",
                "sft": "agentgym.algorithms.offline.sft:SFTRunConfig", "dpo": "agentgym.algorithms.offline.dpo:DPORunConfig",
-               "eval": "agentgym.evaluation:EvalRunConfig"}
+               "eval": "agentgym.app.evaluation:EvalRunConfig"}
     if args.command not in classes:
         return None
     import importlib

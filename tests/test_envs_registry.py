@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import agentgym
 from agentgym import AgentEnv, FullHistory, Reward, Transition
-from agentgym.checking import MALFORMED_ACTIONS, check_invalid_step, fuzz_env, run_check_env
+from agentgym.app.checking import MALFORMED_ACTIONS, check_invalid_step, fuzz_env, run_check_env
 from agentgym.parsing import first_tag
 from agentgym.rewards import ExactMatch, InvalidActionPenalty
 

@@ -57,7 +57,7 @@ TINY = ["model=tiny-random", "groups_per_step=2", "group_size=2", "sampling.max_
 @pytest.mark.parametrize("module, algo, extra", [("median_baseline", "median-grpo", []),
                                                  ("capped_pg", "capped-grpo", ["learner.extra.cap=3"])])
 def test_each_file_alone_trains_through_the_cli(modules, monkeypatch, capsys, module, algo, extra):
-    from agentgym.cli import main
+    from agentgym.app.cli import main
     monkeypatch.chdir(modules)                       # --import resolves modules from the current directory
     run = modules / "run"
     rc = main(["--import", module, "train", f"algo={algo}", f"output_dir={run}", *extra, *TINY])

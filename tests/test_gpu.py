@@ -56,7 +56,7 @@ def test_hf_generation_on_cuda_matches_teacher_forcing():
 
 def test_fsdp2_at_world_size_one_on_nccl_trains_end_to_end(tmp_path):
     out = tmp_path / "fsdp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "agentgym.cli",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "agentgym.app.cli",
            "train", *TINY, "steps=2", "fsdp=true", "algo=ppo", "learner.kl_coef=0.05", f"output_dir={out}"]
     r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -73,7 +73,7 @@ def test_the_main_job_on_the_gpu_and_its_time(tmp_path):
         smollm2 = False
     args = [] if smollm2 else TINY
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "agentgym.cli", "train", *args, f"output_dir={tmp_path / 'main'}"],
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", "train", *args, f"output_dir={tmp_path / 'main'}"],
                        capture_output=True, text=True, env=ENV, timeout=900)
     wall = time.perf_counter() - t0
     assert r.returncode == 0, r.stderr[-3000:]

@@ -24,7 +24,7 @@ from agentgym.algorithms.compare import parse_variants
 from agentgym.algorithms.catalog import learner_needs_groups
 from agentgym.algorithms.objectives import (ClipObjective, CISPOObjective, DualClipObjective, GSPOObjective,
                                             PolicyObjective)
-from agentgym.cli import main
+from agentgym.app.cli import main
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
 from agentgym.rollout import RolloutConfig, RolloutEngine

@@ -11,7 +11,7 @@ import gymnasium as gym
 import pytest
 
 import agentgym
-from agentgym.checking import check_invalid_step, run_check_env
+from agentgym.app.checking import check_invalid_step, run_check_env
 from agentgym.envs.mathrl import MathEnv, answers_equal, extract_answer, make_problem, parse_number
 from agentgym.envs.mathrl.env import count_reasoning_steps, repetition_score, think_format_ok
 from agentgym.envs.mathrl.problems import KINDS, split_of

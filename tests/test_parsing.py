@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from agentgym.checking import MALFORMED_ACTIONS
+from agentgym.app.checking import MALFORMED_ACTIONS
 from agentgym.parsing import (
     CodeBlock, ReActStep, TagMatch, ToolCall, ToolCallParse, all_tag_contents, extract_boxed,
     extract_code_blocks, first_tag, last_tag_content, parse_react, parse_tool_calls, tag_format_errors,

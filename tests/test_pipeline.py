@@ -1,4 +1,4 @@
-"""The seed pipeline end to end, through the commands users type (``agentgym.cli.main``), on CPU with a
+"""The seed pipeline end to end, through the commands users type (``agentgym.app.cli.main``), on CPU with a
 tiny random Llama: SFT on oracle episodes → GRPO from the SFT output → DPO from the GRPO run →
 evaluation of the result (and of a checkpoint, and of ToolCall's evaluator metrics) with mean and std.
 Each stage's output must load as the next stage's model."""
@@ -14,8 +14,8 @@ import yaml
 from safetensors.torch import load_file
 
 from agentgym.policies.loading import load_trained_policy, trainer_checkpoint
-from agentgym.cli import main
-from agentgym.evaluation import env_takes_split
+from agentgym.app.cli import main
+from agentgym.app.evaluation import env_takes_split
 
 from fixtures_llm import one_torch_thread  # noqa: F401  (autouse fixture)
 

@@ -121,7 +121,7 @@ def test_rollout_workers_generate_like_one_engine_and_take_weight_pushes():
 
 
 def test_train_with_ray_rollout_workers_and_env_actors(tmp_path):
-    from agentgym.cli import main
+    from agentgym.app.cli import main
     out = tmp_path / "run"
     assert main(["train", "model=tiny-random", "steps=2", "groups_per_step=2", "group_size=2",
                  "sampling.max_new_tokens=6", "eval.episodes=2", "tensorboard=false", "rollout_workers=2",

@@ -14,7 +14,7 @@ from fixtures_llm import single_threaded_math  # noqa: F401  (autouse: one torch
 from gymnasium.utils.env_checker import check_env
 
 import agentgym
-from agentgym.checking import check_invalid_step
+from agentgym.app.checking import check_invalid_step
 from agentgym.envs.react import DEFAULT_WEIGHTS, REACT_SYSTEM_PROMPT, ReActEnv
 from agentgym.policies.models import load_tokenizer
 from agentgym.policies.scripted import ScriptedPolicy

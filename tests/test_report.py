@@ -27,7 +27,7 @@ import agentgym.rollout
 from agentgym.policies.models import load_tokenizer
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.policy import Generation
-from agentgym.report import token_pieces, write_html_report
+from agentgym.app.report import token_pieces, write_html_report
 from agentgym.rollout import RolloutConfig, RolloutEngine
 from agentgym.trajectory import TrajectoryBuilder
 

@@ -527,7 +527,7 @@ def test_bind_socket_reports_a_port_in_use():
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agentgym.cli", *args]
+    return [sys.executable, "-m", "agentgym.app.cli", *args]
 
 
 def test_serve_command_port_in_use_is_one_clear_error():

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from agentgym.checking import run_check_env
+from agentgym.app.checking import run_check_env
 from agentgym.envs.retrieval import BackgroundServer, create_app
 from agentgym.envs.searchqa.data import bundled_dataset
 from agentgym.envs.searchqa.env import (

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentgym.checking import check_invalid_step, run_check_env
+from agentgym.app.checking import check_invalid_step, run_check_env
 from agentgym.envs.retrieval import BackgroundServer, Hit, create_app, get_retriever
 from agentgym.envs.searchqa.data import bundled_dataset
 from agentgym.envs.searchqa.env import (

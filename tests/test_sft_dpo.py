@@ -16,7 +16,7 @@ from agentgym.algorithms.offline.dpo import DPORunConfig, TokenPreferenceCollato
 from agentgym.algorithms.offline.data import (CollectConfig, collect_trajectories, offline_rollout, dpo_dataset,
                                               dpo_example, preference_pairs, sft_dataset, source_policy, successful)
 from agentgym.algorithms.offline.sft import SFTRunConfig, build_sft_trainer, run_sft
-from agentgym.cli import main
+from agentgym.app.cli import main
 from agentgym.config import load_config
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.policies.transformers_policy import TransformersPolicy

@@ -181,7 +181,7 @@ def test_the_same_shaper_twice_is_refused(pkg):
 
 # ------------------------------------------------------------------ the command line, as a user types it
 def cli(*args: str, cwd: Path, exe: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    cmd = [exe] if exe else [sys.executable, "-m", "agentgym.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "agentgym.app.cli"]
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout, env=RUN_ENV, cwd=cwd)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentgym.cli import main
+from agentgym.app.cli import main
 from agentgym.policies.models import load_tokenizer
 
 # Turn limits trimmed (the envs' own defaults are 4-10 turns) to keep CI time in check; every
@@ -77,7 +77,7 @@ def _free_port() -> int:
 def test_smollm2_plays_searchqa_through_the_retrieval_server(tmp_path, tokenizer):
     port = _free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    server = subprocess.Popen([sys.executable, "-m", "agentgym.cli", "retriever", "serve", "bundled",
+    server = subprocess.Popen([sys.executable, "-m", "agentgym.app.cli", "retriever", "serve", "bundled",
                                "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
     url = f"http://127.0.0.1:{port}"

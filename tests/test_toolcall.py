@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import agentgym
-from agentgym.checking import check_invalid_step, fuzz_env, run_check_env
+from agentgym.app.checking import check_invalid_step, fuzz_env, run_check_env
 from agentgym.envs.toolcall import (FAMILIES, TOOL_NAMES, TOOL_SCHEMAS, TRANSIENT_MARKER, ToolCallEnv, answer_numbers,
                                     answer_ok, tool_f1)
 

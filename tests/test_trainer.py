@@ -21,7 +21,7 @@ TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "
 
 
 def _run(out: Path, *extra: str, resume: bool = False, wait_for: Path | None = None) -> subprocess.CompletedProcess | None:
-    cmd = [sys.executable, "-m", "agentgym.cli", "train", *TINY, f"output_dir={out}", *extra]
+    cmd = [sys.executable, "-m", "agentgym.app.cli", "train", *TINY, f"output_dir={out}", *extra]
     if resume:
         cmd.insert(4, "--resume")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -63,7 +63,7 @@ def test_config_defaults_yaml_and_overrides(tmp_path):
 
 
 def test_cli_reports_bad_config_in_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "agentgym.cli", "train", "learner.nope=1"],
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", "train", "learner.nope=1"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2
     assert "unknown config key" in r.stderr and "Traceback" not in r.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentgym.cli import choose_threads, main
+from agentgym.app.cli import choose_threads, main
 
 TINY = ["model=tiny-random", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=6", "eval.episodes=2",
         "tensorboard=false"]
@@ -27,7 +27,7 @@ def _rows(out: Path) -> list[dict[str, str]]:
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentgym.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "agentgym.app.cli", *args], capture_output=True, text=True,
                           timeout=600, env=ENV, cwd=cwd)
 
 
@@ -63,7 +63,7 @@ def test_a_second_run_never_overwrites_a_finished_one(tmp_path, capsys):
 def test_a_run_directory_in_use_by_a_live_process_is_refused(tmp_path, capsys):
     """Two processes on one run directory (a second --resume / --overwrite, or two `compare --resume` on the
     same runs) would corrupt or delete the first one's run: refused while its writer lives."""
-    from agentgym.runs import LOCK_NAME, _process_start, lock_holder
+    from agentgym.app.runs import LOCK_NAME, _process_start, lock_holder
     out = tmp_path / "run"
     assert main(["train", *TINY, "steps=1", f"output_dir={out}"]) == 0
     assert not (out / LOCK_NAME).exists()          # released when the run finished
@@ -155,7 +155,7 @@ def test_import_resolves_from_the_current_directory(tmp_path):
         agentgym.register("MyArith-v0", entry_point=ArithmeticEnv)
     """))
     env = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}
-    r = subprocess.run([sys.executable, "-m", "agentgym.cli", "--import", "mypkg.envs", "list"], cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", "--import", "mypkg.envs", "list"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     assert "agentgym/MyArith-v0" in r.stdout
@@ -166,7 +166,7 @@ def test_thread_choice(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert choose_threads()[0] == 1
     monkeypatch.delenv("OMP_NUM_THREADS")
-    import agentgym.cli as cli
+    import agentgym.app.cli as cli
     cores = len(os.sched_getaffinity(0))
     monkeypatch.setattr(cli, "_busy_cores_now", lambda: 50.0)
     monkeypatch.setattr(os, "getloadavg", lambda: (50.0, 0.0, 0.0))
@@ -188,7 +188,7 @@ def test_thread_choice(monkeypatch):
 def test_busy_cores_now_sees_a_busy_core():
     """The real /proc/stat measure: a spinning child process shows up as (about) one busy core."""
     import subprocess
-    from agentgym.cli import _busy_cores_now
+    from agentgym.app.cli import _busy_cores_now
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         import time
@@ -213,7 +213,7 @@ def test_default_output_dirs_are_versioned_so_the_main_command_can_run_twice(tmp
 
 
 def _agentgym(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agentgym.cli", *args]
+    return [sys.executable, "-m", "agentgym.app.cli", *args]
 
 
 def test_ctrl_c_says_how_to_continue_and_the_printed_command_does(tmp_path):
@@ -269,7 +269,7 @@ def test_ctrl_c_says_how_to_continue_and_the_printed_command_does(tmp_path):
 
 
 def test_resume_picks_the_newest_run_that_has_a_checkpoint(tmp_path):
-    from agentgym.runs import default_output_dir
+    from agentgym.app.runs import default_output_dir
     (tmp_path / "train" / "checkpoints" / "step_000002").mkdir(parents=True)
     (tmp_path / "train-1").mkdir()
     (tmp_path / "train-1" / "config.yaml").write_text("steps: 3\n")        # stopped before any checkpoint

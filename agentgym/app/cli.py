@@ -176,7 +176,7 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     import agentgym  # noqa: F401  (registers the built-ins)
-    from agentgym.checking import fuzz_env, run_check_env
+    from agentgym.app.checking import fuzz_env, run_check_env
     env_id = _require_env(args.env_id)
     kwargs = _parse_kv(args.env_kwarg)
     err = run_check_env(env_id, kwargs)
@@ -230,7 +230,7 @@ def _versioned(cfg: Any, args: argparse.Namespace, command: str,
     import dataclasses
 
     from agentgym.algorithms.distributed import env_rank
-    from agentgym.runs import default_output_dir, output_dir_was_given
+    from agentgym.app.runs import default_output_dir, output_dir_was_given
     if output_dir_was_given(args.config, list(args.overrides or [])):
         return cfg
     if env_rank() != 0 and not getattr(args, "resume", False):
@@ -311,7 +311,7 @@ def _eval_config(args: argparse.Namespace) -> Any:
     Flags travel as JSON-encoded overrides, so they get the config's type checks and a string such
     as ``--policy yes`` stays a string."""
     from agentgym.config import ConfigError, load_config
-    from agentgym.evaluation import EvalRunConfig
+    from agentgym.app.evaluation import EvalRunConfig
     overrides = list(args.overrides or [])
     env_id = args.env_id
     if env_id is not None and "=" in env_id:  # no env id given: the first positional is an override
@@ -336,7 +336,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from agentgym.config import to_dict
-    from agentgym.evaluation import evaluate, show_generating
+    from agentgym.app.evaluation import evaluate, show_generating
     from agentgym.rollout import summarize
     cfg = _eval_config(args)
     env_id = _require_env(cfg.env)
@@ -366,7 +366,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"wrote {cfg.json}")
     if cfg.html:
         from agentgym.policies.backend import tokenizer_of
-        from agentgym.report import write_html_report
+        from agentgym.app.report import write_html_report
         path = write_html_report(cfg.html, result.trajectories, tokenizer=tokenizer_of(policy),
                                  metrics=result.metrics, title=f"{env_id} · {cfg.policy}")
         print(f"wrote {path}")
@@ -377,7 +377,7 @@ def _resume_command(args: argparse.Namespace, output_dir: str) -> str:
     """The command that continues this run: what the user typed, with its output_dir and --resume."""
     import shlex
 
-    from agentgym.runs import output_dir_was_given
+    from agentgym.app.runs import output_dir_was_given
     words = [w for w in getattr(args, "argv", []) if w not in ("--resume", "--overwrite")]
     if not output_dir_was_given(args.config, list(args.overrides or [])):
         words.append(f"output_dir={output_dir}")
@@ -395,7 +395,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from agentgym.algorithms.trainer import (TrainConfig, Trainer, TrainingInterrupted, finished_run, interrupted_run,
                                            latest_checkpoint)
     from agentgym.config import ConfigError, load_config
-    from agentgym.runs import prepare_output_dir
+    from agentgym.app.runs import prepare_output_dir
     cfg = load_config(TrainConfig, args.config, args.overrides)
     cfg = _versioned(cfg, args, "train", resumable=lambda p: latest_checkpoint(p) is not None,
                      interrupted=interrupted_run)
@@ -438,7 +438,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                    f"greedy eval on {cfg.eval.episodes} held-out tasks")
     g = result.get("gain")
     if g is not None:
-        from agentgym.stats import format_ci
+        from agentgym.app.stats import format_ci
         ci = format_ci((g["success_gain"], g["ci_low"], g["ci_high"]), int(g["tasks"]), "task")
         print(f"held-out success gain {g['success_gain']:+.3f} (95 % CI {ci}, "
               f"paired bootstrap over {int(g['tasks'])} tasks, one seed): {g['verdict']}")
@@ -460,7 +460,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not isinstance(steps, int):
         raise ValueError(f"--steps must be one integer, got {args.steps!r}")
     if args.out is None:
-        from agentgym.runs import default_output_dir
+        from agentgym.app.runs import default_output_dir
         args.out = str(default_output_dir("runs/compare", resume=args.resume, overwrite=args.overwrite))
     _set_threads(args.threads, verbose=False)  # compare's own first line reports the setup
     result = compare(args.algos, _int_list(args.seeds, "--seeds"), steps, env=args.env, config=args.config,
@@ -474,7 +474,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     from agentgym.algorithms.offline.sft import SFTRunConfig, run_sft
     from agentgym.config import load_config
-    from agentgym.runs import prepare_output_dir
+    from agentgym.app.runs import prepare_output_dir
     cfg = load_config(SFTRunConfig, args.config, args.overrides)
     cfg = _versioned(cfg, args, "sft")
     _validate_run(cfg)
@@ -491,7 +491,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_dpo(args: argparse.Namespace) -> int:
     from agentgym.algorithms.offline.dpo import DPORunConfig, run_dpo
     from agentgym.config import load_config
-    from agentgym.runs import prepare_output_dir
+    from agentgym.app.runs import prepare_output_dir
     cfg = load_config(DPORunConfig, args.config, args.overrides)
     cfg = _versioned(cfg, args, "dpo")
     _validate_run(cfg)
