@@ -34,7 +34,7 @@ def load(name: str, *overrides: str) -> TrainConfig:
 
 
 def test_every_config_file_is_tested():
-    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted(PAPER + ["smollm2_small.yaml"])
+    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted(PAPER + ["smollm2_small.yaml", "smollm2_v2.yaml"])
 
 
 @pytest.mark.parametrize("name", PAPER)
@@ -87,6 +87,16 @@ def test_small_config_is_the_bundled_world_with_smollm2():
     assert cfg.env == "SearchQA-v0" and cfg.model == "smollm2"
     assert cfg.env_kwargs["retriever"] == "dense" and cfg.env_kwargs["split"] == "train"
     assert cfg.env_kwargs["topk"] == 3 and cfg.env_kwargs["max_turns"] == 4
+    assert cfg.eval.env_kwargs == {"split": "test"} and cfg.learner.mask_env_tokens is True
+
+
+def test_the_v2_study_config_has_search_r1s_optimizer_and_group_size():
+    """Search-R1 in a box v2 (issue 23): lr 1e-6 with warmup ratio 0.285, n = 5, >= 30 steps of >= 16 episodes,
+    and a mostly single-search SFT oracle (a quarter of the multi-hop traces search hop by hop)."""
+    cfg = load("smollm2_v2.yaml")
+    assert cfg.learner.lr == 1e-6 and cfg.learner.warmup_ratio == 0.285
+    assert cfg.group_size == 5 and cfg.steps >= 30 and cfg.groups_per_step * cfg.group_size >= 16
+    assert cfg.env_kwargs["oracle_two_hop"] == 0.25 and cfg.env_kwargs["topk"] == 3
     assert cfg.eval.env_kwargs == {"split": "test"} and cfg.learner.mask_env_tokens is True
 
 
