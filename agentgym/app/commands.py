@@ -1,0 +1,253 @@
+"""The bodies of the ``agentgym`` commands that act on one env: ``list``, ``play``, ``check`` and ``eval``,
+and the service commands ``sandbox`` and ``retriever``. Each ``cmd_*`` takes the parsed arguments and
+returns the exit code; the arguments themselves are declared in :mod:`agentgym.app.parser`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from agentgym.app.cli_support import load_policy, parse_kv, print_metrics, require_env, set_threads
+
+__all__ = ["cmd_list", "cmd_play", "cmd_check", "cmd_eval", "cmd_sandbox", "cmd_retriever_build",
+           "cmd_retriever_serve", "cmd_retriever_prep"]
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import agentgym
+    for env_id in agentgym.list_envs():
+        spec = agentgym.spec(env_id)
+        entry = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__qualname__", "?")
+        print(f"{env_id:32s} {entry}")
+    return 0
+
+
+def _print_messages(console: Any, messages: Sequence[dict[str, str]]) -> None:
+    from rich.panel import Panel
+    from rich.text import Text
+    colours = {"system": "magenta", "user": "cyan", "tool": "yellow", "assistant": "green"}
+    for m in messages:
+        console.print(Panel(Text(m["content"]), title=m["role"], title_align="left",
+                            border_style=colours.get(m["role"], "white")))
+
+
+def _read_action(console: Any) -> str | None:
+    console.print("[bold]Your action[/] (end with an empty line; Ctrl-D quits):")
+    lines: list[str] = []
+    while True:
+        try:
+            line = input()
+        except EOFError:
+            return "\n".join(lines) if lines else None
+        if line == "" and lines:
+            return "\n".join(lines)
+        lines.append(line)
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    import agentgym
+    from rich.console import Console
+    from rich.table import Table
+    console = Console()
+    env = agentgym.make(require_env(args.env_id), **parse_kv(args.env_kwarg))
+    for ep in range(args.episodes):
+        obs, info = env.reset(seed=None if args.seed is None else args.seed + ep)
+        console.rule(f"{args.env_id} — episode {ep + 1}")
+        _print_messages(console, obs)
+        done = False
+        while not done:
+            action = _read_action(console)
+            if action is None:
+                console.print("bye")
+                env.close()
+                return 0
+            obs, reward, terminated, truncated, info = env.step(action)
+            _print_messages(console, obs)
+            table = Table(title=f"turn {info['turn']}: {info['action_type']}, reward {reward:+.3f}")
+            table.add_column("term")
+            table.add_column("value", justify="right")
+            for k, v in info["reward_terms"].items():
+                table.add_row(k, f"{v:+.3f}")
+            console.print(table)
+            done = terminated or truncated
+        summary = info["episode_summary"]
+        console.print(f"[bold]episode over[/] ({'terminated' if terminated else 'truncated'}): "
+                      f"success={summary['success']} return={summary['return']:+.3f} turns={summary['turns']}")
+    env.close()
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    import agentgym  # noqa: F401  (registers the built-ins)
+    from agentgym.app.checking import fuzz_env, run_check_env
+    env_id = require_env(args.env_id)
+    kwargs = parse_kv(args.env_kwarg)
+    err = run_check_env(env_id, kwargs)
+    print(f"check_env: {'passed' if err is None else 'FAILED'}")
+    if err:
+        print(err)
+    report = fuzz_env(env_id, n=args.actions, seed=args.seed, env_kwargs=kwargs)
+    print(report.summary())
+    for f in report.failures[:10]:
+        print("  -", f)
+    return 0 if err is None and report.ok else 1
+
+
+def _run_layout(policy_spec: str) -> dict[str, Any]:
+    """The rollout layout a train / sft / dpo run was made with (its ``config.yaml``), for evaluating it
+    the same way; {} when ``policy_spec`` is not such a run."""
+    from pathlib import Path
+
+    import yaml
+
+    from agentgym.policies.loading import trainer_checkpoint
+    try:
+        ckpt = trainer_checkpoint(policy_spec)
+    except FileNotFoundError:
+        return {}
+    run = ckpt.parent.parent if ckpt is not None else Path(policy_spec).expanduser()
+    if run.name == "model":
+        run = run.parent
+    cfg_path = run / "config.yaml"
+    if not cfg_path.is_file():
+        return {}
+    try:
+        saved = yaml.safe_load(cfg_path.read_text()) or {}
+    except yaml.YAMLError:
+        return {}
+    rollout = saved.get("rollout") if isinstance(saved, dict) else None
+    if not isinstance(rollout, dict):
+        return {}
+    layout = {k: rollout[k] for k in ("style", "max_obs_tokens", "max_context_tokens") if k in rollout}
+    sampling = rollout.get("sampling") or {}
+    if isinstance(sampling, dict) and "max_new_tokens" in sampling:
+        layout["sampling"] = {"max_new_tokens": sampling["max_new_tokens"]}
+    return {"rollout": layout} if layout else {}
+
+
+#: ``agentgym eval`` flags that set the EvalRunConfig field of the same name (only when given).
+_EVAL_FLAGS = ("policy", "split", "episodes", "group_size", "batch_size", "first_task", "seed", "max_new_tokens",
+               "temperature", "top_p", "greedy", "style", "max_obs_tokens", "max_context_tokens", "device",
+               "backend", "debug_checks", "html", "json")
+
+
+def _eval_config(args: argparse.Namespace) -> Any:
+    """Defaults < ``--config`` file < flags and ``-e`` env kwargs < ``key=value`` overrides.
+
+    Flags travel as JSON-encoded overrides, so they get the config's type checks and a string such
+    as ``--policy yes`` stays a string."""
+    from agentgym.config import ConfigError, load_config
+    from agentgym.app.evaluation import EvalRunConfig
+    overrides = list(args.overrides or [])
+    env_id = args.env_id
+    if env_id is not None and "=" in env_id:  # no env id given: the first positional is an override
+        overrides.insert(0, env_id)
+        env_id = None
+    pre = [f"env={json.dumps(env_id)}"] if env_id else []
+    pre += [f"{k}={json.dumps(getattr(args, k))}" for k in _EVAL_FLAGS if hasattr(args, k)]
+    pre += [f"env_kwargs.{k}={json.dumps(v)}" for k, v in parse_kv(getattr(args, "env_kwarg", None)).items()]
+    cfg = load_config(EvalRunConfig, args.config, pre + overrides)
+    layout = _run_layout(cfg.policy)  # a run directory: evaluate with the layout it was trained with
+    if layout:
+        cfg = load_config(EvalRunConfig, args.config, pre + overrides, base=layout)
+        r = cfg.rollout
+        print(f"[eval] layout of {cfg.policy} (override with flags): style={r.style} max_obs_tokens={r.max_obs_tokens} "
+              f"max_context_tokens={r.max_context_tokens} max_new_tokens={r.sampling.max_new_tokens}")
+    if not cfg.env:
+        raise ConfigError("no env to evaluate: give ENV_ID or env=... (in the config or as an override)")
+    return cfg
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from agentgym.config import to_dict
+    from agentgym.app.evaluation import evaluate, show_generating
+    from agentgym.rollout import summarize
+    cfg = _eval_config(args)
+    env_id = require_env(cfg.env)
+    set_threads(getattr(args, "threads", None), verbose=True)
+    policy = load_policy(cfg.policy, env_id, device=cfg.device, backend=cfg.backend)
+    with tqdm(total=cfg.episodes * cfg.group_size, desc=f"eval {env_id}", unit="ep") as bar:
+        def progress(new: int, so_far: list[Any]) -> None:
+            bar.update(len(so_far) - bar.n)
+            if so_far:
+                bar.set_postfix(success=f"{summarize(so_far)['success_rate']:.2f}")
+
+        def on_turn(done: int, tokens: int, generating: tuple[int, int] | None = None) -> None:
+            bar.update(done - bar.n)                  # live: every turn, and every decode step with hf
+            show_generating(bar, tokens, generating)
+        result = evaluate(policy, cfg, env_id, progress=progress, on_turn=on_turn)
+    split = result.env_kwargs.get("split", "-")
+    title = f"{env_id} (split {split}) · policy {cfg.policy} · {len(result.trajectories)} episodes"
+    if result.sandbox:
+        title += f" · sandbox {result.sandbox}"
+    print_metrics(result.metrics, title, std=result.std)
+    if cfg.json:
+        from pathlib import Path
+        Path(cfg.json).write_text(json.dumps({
+            "env": env_id, "policy": cfg.policy, "config": to_dict(cfg), "env_kwargs": result.env_kwargs,
+            "metrics": result.metrics, "metrics_std": result.std,
+            "trajectories": [t.to_dict() for t in result.trajectories]}, indent=1))
+        print(f"wrote {cfg.json}")
+    if cfg.html:
+        from agentgym.policies.backend import tokenizer_of
+        from agentgym.app.report import write_html_report
+        path = write_html_report(cfg.html, result.trajectories, tokenizer=tokenizer_of(policy),
+                                 metrics=result.metrics, title=f"{env_id} · {cfg.policy}")
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    """``agentgym sandbox ...``: the sandbox package owns its sub-commands (also ``python -m agentgym.envs.sandbox``)."""
+    from agentgym.envs.sandbox.__main__ import main as sandbox_main
+    return sandbox_main(args.sandbox_args)
+
+
+def cmd_retriever_build(args: argparse.Namespace) -> int:
+    from agentgym.envs.retrieval import build_index
+    if args.corpus == "bundled":
+        from agentgym.envs.searchqa.data import bundled_dataset
+        corpus: Any = bundled_dataset(seed=args.world_seed, size=args.world_size)[0]
+    else:
+        corpus = args.corpus
+    r = build_index(corpus, args.out, kind=args.kind, model=args.model, index_type=args.index_type,
+                    query_prefix=args.query_prefix, passage_prefix=args.passage_prefix, device=args.device,
+                    batch_size=args.batch_size, overwrite=args.overwrite, show_progress=True)
+    print(f"built {args.kind} index over {r.num_docs} passages in {args.out}")
+    return 0
+
+
+def cmd_retriever_serve(args: argparse.Namespace) -> int:
+    from agentgym.envs.retrieval import ServerBindError, bind_socket, load_retriever, serve
+    if args.max_request_bytes < 1:
+        raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
+    try:  # the port first: "in use" is then the only thing printed, before a long index load
+        sock = bind_socket(args.host, args.port)
+    except ServerBindError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.index == "bundled":
+        from agentgym.envs.retrieval import DenseRetriever
+        from agentgym.envs.searchqa.data import bundled_dataset
+        retriever: Any = DenseRetriever().build(bundled_dataset(seed=args.world_seed, size=args.world_size)[0])
+    else:
+        retriever = load_retriever(args.index)
+    port = sock.getsockname()[1]
+    print(f"serving {args.index} on http://{args.host}:{port}/retrieve (Search-R1 protocol)", flush=True)
+    serve(retriever, max_topk=args.max_topk, max_request_bytes=args.max_request_bytes, sock=sock)
+    return 0
+
+
+def cmd_retriever_prep(args: argparse.Namespace) -> int:
+    from agentgym.envs.searchqa.data import SEARCH_R1_TEST_DATASETS, prepare_flashrag
+    from agentgym.envs.searchqa.env import make_search_r1_prompt
+    datasets = args.datasets.split(",") if args.datasets else SEARCH_R1_TEST_DATASETS
+    out = prepare_flashrag(args.source, args.out, datasets, make_prompt=make_search_r1_prompt, limit=args.limit)
+    for split, path in out.items():
+        print(f"wrote {split}: {path}")
+    return 0
+

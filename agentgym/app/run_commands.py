@@ -1,0 +1,181 @@
+"""The bodies of the ``agentgym`` commands that make a run directory: ``train``, ``sft``, ``dpo`` and
+``compare``. Each checks what it can before the slow model load (env, model spec, output directory),
+then runs; the arguments are declared in :mod:`agentgym.app.parser`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from agentgym.app.cli_support import print_metrics, set_threads, validate_run
+
+__all__ = ["cmd_train", "cmd_sft", "cmd_dpo", "cmd_compare"]
+
+
+def _versioned(cfg: Any, args: argparse.Namespace, command: str,
+               resumable: Callable[[Path], bool] | None = None,
+               interrupted: Callable[[Path], bool] | None = None) -> Any:
+    """A run whose output_dir the user did not choose goes to the next free ``runs/<command>[-N]``
+    (``--resume``: the newest one — with ``resumable``, the newest one it accepts), so repeating a command
+    never collides; a chosen one is protected. ``interrupted`` tells a run that stopped half-way, for a
+    hint on how to continue it."""
+    import dataclasses
+
+    from agentgym.algorithms.distributed import env_rank
+    from agentgym.app.runs import default_output_dir, output_dir_was_given
+    if output_dir_was_given(args.config, list(args.overrides or [])):
+        return cfg
+    if env_rank() != 0 and not getattr(args, "resume", False):
+        return cfg   # under torchrun only rank 0 writes; the others never touch the directory
+    resume = getattr(args, "resume", False)
+    chosen = default_output_dir(cfg.output_dir, resume=resume, overwrite=getattr(args, "overwrite", False),
+                                resumable=resumable)
+    if str(chosen) != str(cfg.output_dir) and not resume:
+        print(f"[{command}] {cfg.output_dir} holds an earlier run; this one writes to {chosen} "
+              f"(output_dir=... to choose)")
+    if resumable is not None and not resume:
+        # the newest earlier run, if it stopped half-way: say how to continue it instead
+        earlier = default_output_dir(cfg.output_dir, resume=True, resumable=resumable)
+        if earlier != chosen and interrupted is not None and interrupted(earlier):
+            print(f"[{command}] {earlier} holds an interrupted run; to continue it instead: "
+                  f"agentgym {command} ... --resume (it picks the newest run with a checkpoint)")
+    if str(chosen) != str(cfg.output_dir):
+        cfg = dataclasses.replace(cfg, output_dir=str(chosen))
+    return cfg
+
+
+def _resume_command(args: argparse.Namespace, output_dir: str) -> str:
+    """The command that continues this run: what the user typed, with its output_dir and --resume."""
+    import shlex
+
+    from agentgym.app.runs import output_dir_was_given
+    words = [w for w in getattr(args, "argv", []) if w not in ("--resume", "--overwrite")]
+    if not output_dir_was_given(args.config, list(args.overrides or [])):
+        words.append(f"output_dir={output_dir}")
+    return shlex.join(["agentgym", *words, "--resume"])
+
+
+def _say_finished(out: str, steps: int, evals: dict[str, Any]) -> None:
+    b, a = evals["before"].get("eval/success_rate"), evals["after"].get("eval/success_rate")
+    shown = f"; held-out success {b:.3f} -> {a:.3f}" if b is not None and a is not None else ""
+    print(f"[train] {out} is finished ({steps} of {steps} steps{shown}); nothing was changed. To train it "
+          f"further, raise steps (e.g. steps={2 * steps} --resume); to start again, --overwrite or another output_dir.")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from agentgym.algorithms.trainer import (TrainConfig, Trainer, TrainingInterrupted, finished_run, interrupted_run,
+                                           latest_checkpoint)
+    from agentgym.config import ConfigError, load_config
+    from agentgym.app.runs import prepare_output_dir
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    cfg = _versioned(cfg, args, "train", resumable=lambda p: latest_checkpoint(p) is not None,
+                     interrupted=interrupted_run)
+    validate_run(cfg)
+    if args.resume and not args.overwrite and (done := finished_run(cfg.output_dir, cfg.steps)) is not None:
+        _say_finished(cfg.output_dir, cfg.steps, done)
+        return 0
+    from agentgym.algorithms.catalog import LEARNERS
+    if cfg.algo.lower() not in LEARNERS:
+        raise ConfigError(f"algo: unknown algorithm {cfg.algo!r} for `agentgym train`; choose from {', '.join(sorted(LEARNERS))}"
+                          + (" (trl-grpo runs through `agentgym compare --algos trl-grpo`)" if cfg.algo == "trl-grpo" else ""))
+    from agentgym.algorithms.distributed import env_rank
+    main_rank = env_rank() == 0           # under torchrun only rank 0 writes and prints
+    if main_rank:
+        prepare_output_dir(cfg.output_dir, resume=args.resume, overwrite=args.overwrite, command="train")  # before loading
+    set_threads(args.threads, verbose=main_rank)
+    if main_rank:
+        print(f"[train] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.steps} steps x "
+              f"{cfg.groups_per_step}x{cfg.group_size} episodes -> {cfg.output_dir}")
+    try:
+        result = Trainer(cfg).train(resume=args.resume)
+    except TrainingInterrupted as stop:
+        if stop.checkpoint is None:
+            print(f"\n[train] interrupted at step {stop.step}, before the first checkpoint: nothing to continue "
+                  f"from. `{_resume_command(args, cfg.output_dir)}` starts it over in {cfg.output_dir}.",
+                  file=sys.stderr)
+        else:
+            print(f"\n[train] interrupted at step {stop.step}; checkpoint {stop.checkpoint}. Continue with:\n"
+                  f"  {_resume_command(args, cfg.output_dir)}", file=sys.stderr)
+        return 130
+    finally:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    if not main_rank:
+        return 0
+    b, a = result["before"], result["after"]
+    print_metrics({"success before": b["eval/success_rate"], "success after": a["eval/success_rate"],
+                    "reward before": b["eval/reward_mean"], "reward after": a["eval/reward_mean"]},
+                   f"greedy eval on {cfg.eval.episodes} held-out tasks")
+    g = result.get("gain")
+    if g is not None:
+        from agentgym.app.stats import format_ci
+        ci = format_ci((g["success_gain"], g["ci_low"], g["ci_high"]), int(g["tasks"]), "task")
+        print(f"held-out success gain {g['success_gain']:+.3f} (95 % CI {ci}, "
+              f"paired bootstrap over {int(g['tasks'])} tasks, one seed): {g['verdict']}")
+    print(f"wrote {cfg.output_dir}/curves.png, train_log.csv, eval_trajectories.html, config.yaml")
+    return 0
+
+
+def _int_list(text: str, what: str) -> int | list[int]:
+    """``"3"`` → 3; ``"0,5"`` → [0, 5] (a comma makes it a list); a one-line error otherwise."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()] if "," in text else int(text)
+    except ValueError:
+        raise ValueError(f"{what} must be an integer or a comma-separated list of integers, got {text!r}") from None
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from agentgym.algorithms.compare import compare
+    steps = _int_list(args.steps, "--steps")
+    if not isinstance(steps, int):
+        raise ValueError(f"--steps must be one integer, got {args.steps!r}")
+    if args.out is None:
+        from agentgym.app.runs import default_output_dir
+        args.out = str(default_output_dir("runs/compare", resume=args.resume, overwrite=args.overwrite))
+    set_threads(args.threads, verbose=False)  # compare's own first line reports the setup
+    result = compare(args.algos, _int_list(args.seeds, "--seeds"), steps, env=args.env, config=args.config,
+                     overrides=args.overrides, out_dir=args.out, keep_checkpoints=args.keep_checkpoints,
+                     resume=args.resume, threshold=args.threshold, overwrite=args.overwrite)
+    from pathlib import Path
+    print(Path(result["paths"]["md"]).read_text())
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from agentgym.algorithms.offline.sft import SFTRunConfig, run_sft
+    from agentgym.config import load_config
+    from agentgym.app.runs import prepare_output_dir
+    cfg = load_config(SFTRunConfig, args.config, args.overrides)
+    cfg = _versioned(cfg, args, "sft")
+    validate_run(cfg)
+    prepare_output_dir(cfg.output_dir, overwrite=args.overwrite, command="sft")  # before loading
+    set_threads(args.threads, verbose=True)
+    print(f"[sft] {cfg.model} on {cfg.env} episodes from {cfg.data.source} -> {cfg.output_dir}")
+    r = run_sft(cfg)
+    print_metrics({"episodes": r["episodes"], "kept (successful)": r["kept"], "steps": r["steps"],
+                    "loss first": r["loss_first"], "loss last": r["loss_last"]}, "SFT")
+    print(f"wrote {r['model_dir']} (use it as model=... / --policy ...), config.yaml, train_log.csv, data_summary.json")
+    return 0
+
+
+def cmd_dpo(args: argparse.Namespace) -> int:
+    from agentgym.algorithms.offline.dpo import DPORunConfig, run_dpo
+    from agentgym.config import load_config
+    from agentgym.app.runs import prepare_output_dir
+    cfg = load_config(DPORunConfig, args.config, args.overrides)
+    cfg = _versioned(cfg, args, "dpo")
+    validate_run(cfg)
+    prepare_output_dir(cfg.output_dir, overwrite=args.overwrite, command="dpo")  # before loading
+    set_threads(args.threads, verbose=True)
+    print(f"[dpo] {cfg.model} on {cfg.env}: {cfg.data.samples_per_task} samples x {cfg.data.episodes} tasks, "
+          f"loss {cfg.loss_type}, beta {cfg.beta} -> {cfg.output_dir}")
+    r = run_dpo(cfg)
+    print_metrics({"episodes": r["episodes"], "pairs": r["pairs"], "mean reward gap": r["mean_reward_gap"],
+                    "steps": r["steps"], "loss first": r["loss_first"], "loss last": r["loss_last"],
+                    "reward accuracy (last)": r["reward_accuracy_last"]}, "DPO")
+    print(f"wrote {r['model_dir']} (use it as model=... / --policy ...), config.yaml, train_log.csv, data_summary.json")
+    return 0
+
