@@ -19,6 +19,7 @@ explicit ``--threads N`` or ``OMP_NUM_THREADS`` is never changed. Without a gove
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Callable
 
@@ -31,6 +32,8 @@ def machine_cpu_times() -> tuple[float, float] | None:
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
     except (OSError, ValueError):
+        return None
+    if len(fields) < 4:   # not the kernel's "cpu user nice system idle ..." line
         return None
     hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)        # idle + iowait
@@ -55,6 +58,8 @@ class ThreadGovernor:
         self.cores = _cores()
         self.changes: list[tuple[int, int, float]] = []   # (old, new, other cores busy) per change
         self.lanes = 1   # computations this process runs at once (2 while generation overlaps the update)
+        # the trainer and the background sampler (algorithms/overlap.py) both recheck: one at a time
+        self._lock = threading.Lock()
         torch.set_num_threads(threads)
         self._mark = self._sample()
 
@@ -85,9 +90,16 @@ class ThreadGovernor:
         return None if busy is None else max(0.0, busy[0] - busy[1])
 
     def recheck(self) -> int:
-        """Re-measure and move the thread count if other work changed; returns the count in force."""
-        if self.fixed:
+        """Re-measure and move the thread count if other work changed; returns the count in force.
+        A call while another thread is re-checking returns at once (one measure per window, one log line)."""
+        if self.fixed or not self._lock.acquire(blocking=False):
             return self.threads
+        try:
+            return self._recheck()
+        finally:
+            self._lock.release()
+
+    def _recheck(self) -> int:
         others = self.others_busy()
         if others is None:
             return self.threads
@@ -101,7 +113,6 @@ class ThreadGovernor:
             self.threads = want
         return self.threads
 
-
     def per_lane(self, threads: int) -> int:
         """Torch threads for each of the :attr:`lanes` running at once out of a budget of ``threads``."""
         return max(1, threads // self.lanes)
@@ -112,10 +123,11 @@ class ThreadGovernor:
         and spin). An explicit ``--threads N`` is shared the same way."""
         import torch
         lanes = max(1, int(lanes))
-        if lanes == self.lanes:
-            return
-        self.lanes = lanes
-        torch.set_num_threads(self.per_lane(self.threads))
+        with self._lock:
+            if lanes == self.lanes:
+                return
+            self.lanes = lanes
+            torch.set_num_threads(self.per_lane(self.threads))
         if lanes > 1:
             self.log(f"[agentgym] {lanes} computations at once (generation overlaps the update): "
                      f"{self.per_lane(self.threads)} torch thread(s) each out of {self.threads}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 __all__ = ["Alarm", "HealthConfig", "HealthMonitor", "batch_health", "health_section", "input_response_mi"]
@@ -129,6 +129,7 @@ class HealthMonitor:
         self.alarms: list[Alarm] = []
         self._active: set[str] = set()
         self._armed: set[str] = set()     # action kinds seen at or above twice their floor
+        self._seen = 0                    # rows that _active and _armed reflect
 
     def _series(self, key: str) -> list[float]:
         vals = [r.get(key) for r in self.rows[-self.config.window:]]
@@ -165,6 +166,14 @@ class HealthMonitor:
         """Add one logged row; returns the alarms that start at it."""
         if not self.config.alarms:
             return []
+        if self._seen != len(self.rows):   # rows restored from a checkpoint: which alarms are on, what is armed
+            self._replay()
+        new = self._update(row)
+        self.alarms.extend(new)
+        return new
+
+    def _update(self, row: dict[str, float]) -> list[Alarm]:
+        """Append ``row`` and move the rules' state; the alarms that start at it."""
         self.rows.append(row)
         found = {"entropy_drop": self._drop("train/entropy", self.config.entropy_drop),
                  "length_drop": self._drop("health/response_tokens", self.config.length_drop),
@@ -177,9 +186,28 @@ class HealthMonitor:
                 self._active.discard(rule)
             elif rule not in self._active:
                 self._active.add(rule)
-                new.append(Alarm(int(row.get("step", len(self.rows))), rule, message))
-        self.alarms.extend(new)
+                step = row.get("step")
+                step = int(step) if isinstance(step, (int, float)) and math.isfinite(step) else len(self.rows)
+                new.append(Alarm(step, rule, message))
+        self._seen = len(self.rows)
         return new
+
+    def _replay(self) -> None:
+        """Rebuild the rules' state from :attr:`rows` (their alarms were recorded when they fired)."""
+        rows, self.rows = list(self.rows), []
+        self._active, self._armed = set(), set()
+        for row in rows:
+            self._update(row)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the rows seen and the alarms fired (JSON-ready)."""
+        return {"rows": list(self.rows), "alarms": [asdict(a) for a in self.alarms]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: an alarm on at the checkpoint does not fire again while it lasts."""
+        self.rows = list(state.get("rows", []))
+        self.alarms = [a if isinstance(a, Alarm) else Alarm(**a) for a in state.get("alarms", [])]
+        self._replay()
 
 
 def health_section(curves_png: Any, alarms: Sequence[Alarm]) -> tuple[str, str]:

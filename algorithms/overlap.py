@@ -104,5 +104,10 @@ class Prefetcher:
             return Collected(step, batch, version, time.perf_counter() - t0)
         if self._step != step:
             raise RuntimeError(f"the batch generated ahead is step {self._step}'s, not step {step}'s")
-        future, self._future, self._step = self._future, None, None
-        return future.result()
+        try:
+            return self._future.result()
+        finally:
+            # handed over (or its error raised) only once it is done: a Ctrl-C while waiting keeps the
+            # batch in flight, so the interrupt's checkpoint still saves it (pending()) for --resume
+            if self._future.done():
+                self._future, self._step = None, None

@@ -58,6 +58,12 @@ class RetrieverUnavailable(InfraError):
     infrastructure failure, so an episode that hits it is marked and kept out of training."""
 
 
+class RetrieverBadResponse(InfraError):
+    """The retrieval server answered 2xx with a body that is not Search-R1's ``{"result": [...]}`` (not
+    JSON, wrong shape, hits without ``document.contents``): the server's fault, not the policy's, so an
+    episode that hits it is marked and kept out of training like an outage."""
+
+
 class RemoteRetriever(Retriever):
     """Search through HTTP. One ``httpx.Client`` (thread-safe, pooled) is shared by all callers."""
 
@@ -114,7 +120,7 @@ class RemoteRetriever(Retriever):
             try:
                 return response.json()
             except ValueError:
-                raise RuntimeError(
+                raise RetrieverBadResponse(
                     f"retrieval server {url} answered HTTP {response.status_code} with a body that is not "
                     f"JSON: {response.text[:200]!r}"
                 ) from None
@@ -128,14 +134,14 @@ class RemoteRetriever(Retriever):
             body = self._request("POST", self.url, {"queries": chunk, "topk": topk, "return_scores": True})
             result = body.get("result") if isinstance(body, dict) else None
             if not isinstance(result, list) or len(result) != len(chunk):
-                raise RuntimeError(
+                raise RetrieverBadResponse(
                     f"malformed response from {self.url}: expected 'result' with {len(chunk)} lists, "
                     f"got {str(body)[:200]}"
                 )
             try:
                 out.extend([Hit.from_dict(item) for item in hits] for hits in result)
             except (ValueError, TypeError, AttributeError) as e:
-                raise RuntimeError(f"malformed response from {self.url}: {e}") from None
+                raise RetrieverBadResponse(f"malformed response from {self.url}: {e}") from None
         return out
 
     def health(self) -> dict[str, Any]:

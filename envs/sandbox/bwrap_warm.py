@@ -74,7 +74,8 @@ class WarmBwrapSandbox(WarmSandbox):
 
     def _breach(self, answer: dict) -> bool:
         # a job that needed a sweep of half its process budget was at least close to the limit
-        return any(r.get("killed", 0) >= self.max_processes // 2 for r in answer.get("results", []))
+        killed = (r.get("killed", 0) for r in answer.get("results", []))
+        return any(isinstance(k, int) and k >= self.max_processes // 2 for k in killed)
 
     def close(self) -> None:
         super().close()

@@ -128,9 +128,12 @@ def recv_frame(channel: Channel, deadline: float) -> dict:
     if size > 1 << 30:
         raise SandboxError(f"runner sent a frame of {size} bytes")
     try:
-        return json.loads(channel.recv(size, deadline).decode("utf-8"))
+        frame = json.loads(channel.recv(size, deadline).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SandboxError(f"runner sent a bad frame: {e}") from e
+    if not isinstance(frame, dict):
+        raise SandboxError(f"runner sent a frame that is not an object: {str(frame)[:200]}")
+    return frame
 
 
 def _b64(data: bytes) -> str:
@@ -149,7 +152,10 @@ class Runner:
     def request(self, jobs: list[dict], timeout_s: float) -> dict:
         send_frame(self.channel, {"jobs": jobs})
         answer = recv_frame(self.channel, time.monotonic() + timeout_s)
-        self.jobs += len(answer.get("results", ()))
+        results = answer.get("results", [])
+        if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
+            raise SandboxError(f"runner sent malformed results: {str(results)[:200]}")
+        self.jobs += len(results)
         return answer
 
     def close(self) -> None:
@@ -326,6 +332,7 @@ class WarmSandbox(Sandbox):
             self._before_request(runner, jobs)
             timeout = sum(j.time_limit_s for j in jobs) + self.request_grace_s * len(jobs)
             answer = runner.request([self._encode(j) for j in jobs], timeout)
+            results = [self._result(j, r) for j, r in zip(jobs, answer.get("results", []))]
         except SandboxError as e:
             self._note("error")
             self._pool.recycle(runner)
@@ -333,13 +340,12 @@ class WarmSandbox(Sandbox):
         except BaseException:
             self._pool.recycle(runner)
             raise
-        return self._answer(runner, jobs, answer)
+        return self._answer(runner, jobs, answer, results)
 
     def _before_request(self, runner: Runner, jobs: list[Job]) -> None:
         """Adjust the runner to the jobs (docker: the memory limit)."""
 
-    def _answer(self, runner: Runner, jobs: list[Job], answer: dict) -> list[ExecResult]:
-        results = [self._result(j, r) for j, r in zip(jobs, answer.get("results", []))]
+    def _answer(self, runner: Runner, jobs: list[Job], answer: dict, results: list[ExecResult]) -> list[ExecResult]:
         why = ("taint" if answer.get("taint") else "breach" if answer.get("breach") or self._breach(answer)
                else "died" if "died" in answer else "max_jobs" if runner.jobs >= self.max_jobs else None)
         if answer.get("taint"):
@@ -367,17 +373,24 @@ class WarmSandbox(Sandbox):
         self.recycled[why] = self.recycled.get(why, 0) + 1
 
     def _result(self, job: Job, r: dict) -> ExecResult:
-        stdout = base64.b64decode(r["stdout"])
-        stderr = base64.b64decode(r["stderr"])
-        rc = r["returncode"]
-        timed_out = bool(r["timed_out"]) or rc == -signal.SIGXCPU
+        """One job's result from the runner's answer; SandboxError when it is not what runner.py sends."""
+        try:
+            stdout = base64.b64decode(r["stdout"], validate=True)
+            stderr = base64.b64decode(r["stderr"], validate=True)
+            rc, timed_out, duration = r["returncode"], bool(r["timed_out"]), float(r["duration_s"])
+            overflow = bool(r["overflow"])
+            if rc is not None and type(rc) is not int:
+                raise TypeError(f"returncode {rc!r}")
+        except (KeyError, TypeError, ValueError) as e:   # binascii.Error is a ValueError
+            raise SandboxError(f"runner sent a malformed result ({type(e).__name__}: {e}): {str(r)[:200]}") from None
+        timed_out = timed_out or rc == -signal.SIGXCPU
         killed = rc is not None and rc < 0
         counted = r.get("oom_kills")
         oom = not timed_out and ((rc not in (0, None) and looks_like_oom(stderr)) or bool(counted)
                                  or (self.kill_means_oom and counted is None and rc == -signal.SIGKILL))
         return ExecResult(stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace"),
-                          None if (killed or rc is None) else rc, timed_out, oom, float(r["duration_s"]),
-                          bool(r["overflow"]), self.name)
+                          None if (killed or rc is None) else rc, timed_out, oom, duration,
+                          overflow, self.name)
 
     def close(self) -> None:
         if self._closed:
