@@ -252,15 +252,20 @@ class Trainer:
         return m, trajectories
 
     # ------------------------------------------------------------------ loop
-    def train(self, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    def train(self, resume: bool = False, overwrite: bool = False, prepared: Path | None = None) -> dict[str, Any]:
         """Run to ``cfg.steps``. A non-empty output directory is refused unless ``resume`` (continue from
-        its last checkpoint) or ``overwrite`` (delete it first); see :mod:`agentgym.app.runs`. Ctrl-C raises
-        :class:`TrainingInterrupted` after checkpointing the last whole step."""
+        its last checkpoint) or ``overwrite`` (delete it first); see :mod:`agentgym.app.runs`. ``prepared``:
+        the directory a caller already prepared with ``prepare_output_dir`` (the CLI does, before loading
+        the model), so it is not prepared twice. Ctrl-C raises :class:`TrainingInterrupted` after
+        checkpointing the last whole step."""
         from agentgym.app.runs import prepare_output_dir
         cfg = self.cfg
         main = self.is_main
         if main:   # only rank 0 writes (other ranks read checkpoints when resuming)
-            prepare_output_dir(self.out, resume=resume, overwrite=overwrite, command="train")
+            if prepared is None:
+                prepare_output_dir(self.out, resume=resume, overwrite=overwrite, command="train")
+            elif Path(prepared).expanduser().resolve() != self.out.expanduser().resolve():
+                raise ValueError(f"prepared={prepared} is not this run's output_dir {self.out}")
             save_config(cfg, self.out / "config.yaml")
             self.write_provenance()
         if resume:

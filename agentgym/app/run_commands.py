@@ -82,14 +82,15 @@ def cmd_train(args: argparse.Namespace) -> int:
                           + (" (trl-grpo runs through `agentgym compare --algos trl-grpo`)" if cfg.algo == "trl-grpo" else ""))
     from agentgym.algorithms.distributed import env_rank
     main_rank = env_rank() == 0           # under torchrun only rank 0 writes and prints
-    if main_rank:
-        prepare_output_dir(cfg.output_dir, resume=args.resume, overwrite=args.overwrite, command="train")  # before loading
+    # prepared here, before the slow model load, and only here: the Trainer is told it is done
+    prepared = prepare_output_dir(cfg.output_dir, resume=args.resume, overwrite=args.overwrite,
+                                  command="train") if main_rank else None
     set_threads(args.threads, verbose=main_rank)
     if main_rank:
         print(f"[train] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.steps} steps x "
               f"{cfg.groups_per_step}x{cfg.group_size} episodes -> {cfg.output_dir}")
     try:
-        result = Trainer(cfg).train(resume=args.resume)
+        result = Trainer(cfg).train(resume=args.resume, prepared=prepared)
     except TrainingInterrupted as stop:
         if stop.checkpoint is None:
             print(f"\n[train] interrupted at step {stop.step}, before the first checkpoint: nothing to continue "
@@ -147,14 +148,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_sft(args: argparse.Namespace) -> int:
     from agentgym.algorithms.offline.sft import SFTRunConfig, run_sft
     from agentgym.config import load_config
-    from agentgym.app.runs import prepare_output_dir
+    from agentgym.app.runs import check_output_dir
     cfg = load_config(SFTRunConfig, args.config, args.overrides)
     cfg = _versioned(cfg, args, "sft")
     validate_run(cfg)
-    prepare_output_dir(cfg.output_dir, overwrite=args.overwrite, command="sft")  # before loading
+    # refused before loading; run_sft prepares the directory (once), before its model load too
+    check_output_dir(cfg.output_dir, overwrite=args.overwrite, command="sft")
     set_threads(args.threads, verbose=True)
     print(f"[sft] {cfg.model} on {cfg.env} episodes from {cfg.data.source} -> {cfg.output_dir}")
-    r = run_sft(cfg)
+    r = run_sft(cfg, overwrite=args.overwrite)
     print_metrics({"episodes": r["episodes"], "kept (successful)": r["kept"], "steps": r["steps"],
                     "loss first": r["loss_first"], "loss last": r["loss_last"]}, "SFT")
     print(f"wrote {r['model_dir']} (use it as model=... / --policy ...), config.yaml, train_log.csv, data_summary.json")
@@ -164,15 +166,16 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_dpo(args: argparse.Namespace) -> int:
     from agentgym.algorithms.offline.dpo import DPORunConfig, run_dpo
     from agentgym.config import load_config
-    from agentgym.app.runs import prepare_output_dir
+    from agentgym.app.runs import check_output_dir
     cfg = load_config(DPORunConfig, args.config, args.overrides)
     cfg = _versioned(cfg, args, "dpo")
     validate_run(cfg)
-    prepare_output_dir(cfg.output_dir, overwrite=args.overwrite, command="dpo")  # before loading
+    # refused before loading; run_dpo prepares the directory (once), before its model load too
+    check_output_dir(cfg.output_dir, overwrite=args.overwrite, command="dpo")
     set_threads(args.threads, verbose=True)
     print(f"[dpo] {cfg.model} on {cfg.env}: {cfg.data.samples_per_task} samples x {cfg.data.episodes} tasks, "
           f"loss {cfg.loss_type}, beta {cfg.beta} -> {cfg.output_dir}")
-    r = run_dpo(cfg)
+    r = run_dpo(cfg, overwrite=args.overwrite)
     print_metrics({"episodes": r["episodes"], "pairs": r["pairs"], "mean reward gap": r["mean_reward_gap"],
                     "steps": r["steps"], "loss first": r["loss_first"], "loss last": r["loss_last"],
                     "reward accuracy (last)": r["reward_accuracy_last"]}, "DPO")

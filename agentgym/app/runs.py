@@ -27,7 +27,7 @@ from typing import Callable
 
 from agentgym.config import ConfigError
 
-__all__ = ["RunDirError", "prepare_output_dir", "default_output_dir", "output_dir_was_given"]
+__all__ = ["RunDirError", "prepare_output_dir", "check_output_dir", "default_output_dir", "output_dir_was_given"]
 
 
 class RunDirError(ConfigError):
@@ -77,14 +77,10 @@ def release_output_dir(path: str | Path) -> None:
         pass
 
 
-def prepare_output_dir(path: str | Path, *, resume: bool = False, overwrite: bool = False,
-                       command: str = "train") -> Path:
-    """Create ``path`` for a new run, or accept it for ``resume``; refuse a non-empty one otherwise.
-
-    The directory is then locked for this process (``.agentgym.lock``: pid and start time, removed when
-    the process ends): a second process pointed at it — ``--resume``, ``--overwrite`` or a second
-    ``agentgym compare --resume`` on the same runs — is refused while the first one lives, instead of
-    both writing (or one deleting) the same run. A lock left by a process that died is ignored."""
+def check_output_dir(path: str | Path, *, resume: bool = False, overwrite: bool = False,
+                     command: str = "train") -> Path:
+    """Raise what :func:`prepare_output_dir` would refuse, touching nothing: for a command to fail fast,
+    before the slow model load, when the directory is prepared later by the code it calls."""
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other: continue the run, or replace it")
     out = Path(path).expanduser()
@@ -94,26 +90,40 @@ def prepare_output_dir(path: str | Path, *, resume: bool = False, overwrite: boo
     if holder is not None:
         raise RunDirError(f"output_dir {out} is in use by a running process (pid {holder}); wait for it to "
                           "finish or stop it, or pick another output_dir")
-    existing = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME) if out.is_dir() else []
-    if resume:
-        if not existing:
-            raise RunDirError(f"--resume: {out} holds no run to continue (no checkpoint to resume from)")
-        _lock(out)
-        return out
-    if existing:
-        if not overwrite:
-            shown = ", ".join(existing[:6]) + (", …" if len(existing) > 6 else "")
-            how = f"continue that run with `agentgym {command} ... --resume`, " if command in RESUMABLE else ""
-            raise RunDirError(f"output_dir {out} already holds files ({shown}); pick a new one (output_dir=...), "
-                              f"{how}or replace it with --overwrite")
-        for p in out.iterdir():
+    existing = _run_files(out)
+    if resume and not existing:
+        raise RunDirError(f"--resume: {out} holds no run to continue (no checkpoint to resume from)")
+    if existing and not resume and not overwrite:
+        shown = ", ".join(existing[:6]) + (", …" if len(existing) > 6 else "")
+        how = f"continue that run with `agentgym {command} ... --resume`, " if command in RESUMABLE else ""
+        raise RunDirError(f"output_dir {out} already holds files ({shown}); pick a new one (output_dir=...), "
+                          f"{how}or replace it with --overwrite")
+    return out
+
+
+def prepare_output_dir(path: str | Path, *, resume: bool = False, overwrite: bool = False,
+                       command: str = "train") -> Path:
+    """Create ``path`` for a new run, or accept it for ``resume``; refuse a non-empty one otherwise.
+
+    The directory is then locked for this process (``.agentgym.lock``: pid and start time, removed when
+    the process ends): a second process pointed at it — ``--resume``, ``--overwrite`` or a second
+    ``agentgym compare --resume`` on the same runs — is refused while the first one lives, instead of
+    both writing (or one deleting) the same run. A lock left by a process that died is ignored."""
+    out = check_output_dir(path, resume=resume, overwrite=overwrite, command=command)
+    if not resume:
+        for p in (out.iterdir() if _run_files(out) else []):   # --overwrite: empty it
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
             else:
                 p.unlink()
-    out.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
     _lock(out)
     return out
+
+
+def _run_files(out: Path) -> list[str]:
+    """The names in a run directory, its lock file aside."""
+    return sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME) if out.is_dir() else []
 
 
 def _lock(out: Path) -> None:

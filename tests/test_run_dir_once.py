@@ -1,0 +1,61 @@
+"""The run directory is prepared once per run (issue 24): the command line prepares it before the slow
+model load and the code it calls does not prepare it again; ``Trainer`` used from Python without the
+command line still prepares its own."""
+
+import pytest
+
+import agentgym.app.runs as runs
+from agentgym.app.cli import main
+from agentgym.app.runs import RunDirError
+
+TINY = ["model=tiny-random", "algo=grpo", "steps=1", "groups_per_step=1", "group_size=2", "sampling.max_new_tokens=4",
+        "eval.episodes=1", "tensorboard=false", "env=Arithmetic-v0", "env_kwargs={hard_fraction: 0.0, max_turns: 1}"]
+
+
+@pytest.fixture
+def prepared_dirs(monkeypatch):
+    """Every prepare_output_dir call's directory, in order."""
+    calls = []
+    real = runs.prepare_output_dir
+
+    def counting(path, **kw):
+        calls.append(str(path))
+        return real(path, **kw)
+    monkeypatch.setattr(runs, "prepare_output_dir", counting)
+    return calls
+
+
+def test_train_prepares_its_run_directory_once(tmp_path, prepared_dirs):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, f"output_dir={out}", "--threads", "1"]) == 0
+    assert prepared_dirs == [str(out)]
+    assert (out / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("command", [["sft", "data.episodes=2", "optim.max_steps=1", "optim.batch_size=2"]])
+def test_sft_prepares_its_run_directory_once(tmp_path, prepared_dirs, command):
+    out = tmp_path / "sft"
+    assert main([*command, "model=tiny-random", "env=Arithmetic-v0", f"output_dir={out}", "--threads", "1"]) == 0
+    assert prepared_dirs == [str(out)]
+
+
+def test_a_used_directory_is_refused_before_anything_is_prepared(tmp_path, prepared_dirs, capsys):
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "config.yaml").write_text("model: smollm2\n")
+    for cmd in (["sft", "model=tiny-random"], ["dpo", "model=tiny-random"]):
+        assert main([*cmd, f"output_dir={used}"]) == 2
+        assert "already holds" in capsys.readouterr().err
+    assert prepared_dirs == [] and (used / "config.yaml").read_text() == "model: smollm2\n"
+
+
+def test_trainer_from_python_prepares_its_own(tmp_path):
+    from agentgym.algorithms.trainer import TrainConfig, Trainer
+    from agentgym.config import load_config
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "notes.txt").write_text("mine")
+    cfg = load_config(TrainConfig, overrides=[*TINY, f"output_dir={used}"])
+    with pytest.raises(RunDirError, match="already holds"):
+        Trainer(cfg).train()
+    assert (used / "notes.txt").read_text() == "mine"
