@@ -221,5 +221,5 @@ def load_policy(spec: str, backend: str | None = None, *, env_id: str | None = N
         return own.from_spec(spec, env_id=env_id)
     backend = resolve_backend(backend, notice=notice)
     cls = backend_class(backend)
-    cls.check_options(options)
+    cls.check_options(options)   # the one check of a load's options (backends' from_spec do not repeat it)
     return cls.from_spec(spec, device=device, dtype=dtype, seed=seed, **options)

@@ -39,8 +39,7 @@ def place_sampler(cfg: Any, backend: str, precision: Any, policy: Any | None = N
     cls = backend_class(backend)
     options = dict(cfg.backend_options)
     if cls.follows_run_precision:           # the sampler generates under the same autocast
-        cls.check_options(options)
-        options.setdefault("precision", precision.name)
+        options.setdefault("precision", precision.name)   # options are checked where they load (load_policy)
     sampler_dtype = cfg.dtype or ("bfloat16" if cls.engine_bf16_with_run and precision.bf16 else None)
     colocated = cls.trains_in_place and not cfg.fsdp and not cfg.max_staleness
     if policy is None:  # any model spec, including an SFT / DPO output or another run's checkpoint

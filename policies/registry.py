@@ -134,7 +134,9 @@ def resolve_backend(backend: str | None, notice: Callable[[str], None] | None = 
 
 def check_backend(backend: str | None, options: Mapping[str, Any] | None = None) -> None:
     """For config validation: ``backend`` is a registered name or None, and, where its class can be
-    imported here, ``options`` are ones it takes."""
+    imported here, ``options`` are ones it takes — so a bad option fails when the config is built, before
+    any output directory or model. A load checks its own options once, in
+    :func:`~agentgym.policies.loading.load_policy`."""
     if backend is None:
         return
     if backend not in POLICY_BACKENDS:

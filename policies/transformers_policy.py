@@ -155,11 +155,11 @@ class TransformersPolicy(TokenBackend):
     @classmethod
     def from_spec(cls, spec: str, *, device: str | None = None, dtype: Any = None, seed: int = 0,
                   env_id: str | None = None, **options: Any) -> "TransformersPolicy":
-        """Any model spec, LoRA checkpoints merged (:func:`~agentgym.policies.loading.load_trained_policy`)."""
+        """Any model spec, LoRA checkpoints merged (:func:`~agentgym.policies.loading.load_trained_policy`).
+        ``options`` were checked by the one loader (:func:`~agentgym.policies.loading.load_policy`)."""
         from agentgym.policies.loading import load_trained_policy
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
-        check_options(options)
         return load_trained_policy(spec, device=device, dtype=dtype, seed=seed, **options)
 
     def sync_weights(self, weights: Any) -> float:
