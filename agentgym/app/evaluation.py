@@ -29,20 +29,28 @@ class EvalRunConfig(RolloutViews):
     (``rollout``; short keys ``max_new_tokens``, ``temperature``, ``top_p``, ``greedy``, ``style``,
     ``max_obs_tokens``, ``max_context_tokens`` work too). ``agentgym eval RUN_DIR`` starts from the
     layout the run was trained with."""
-    env: str | None = None
-    policy: str = "smollm2"
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    split: str | None = "test"
-    episodes: int = 16
-    group_size: int = 1
-    batch_size: int = 16
-    first_task: int | None = None
-    seed: int = 0
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(sampling=SamplingParams(max_new_tokens=128)))
-    device: str | None = None
-    backend: str | None = None
-    html: str | None = None
-    json: str | None = None
+    env: str | None = field(default=None, metadata={
+        "help": "registered env id to evaluate on, e.g. Arithmetic-v0 (agentgym list shows them)"})
+    policy: str = field(default="smollm2", metadata={
+        "help": "smollm2 | MODEL_DIR | RUN_DIR (train/sft/dpo output) | FILE.gguf | HUB_ID | tiny-random | oracle "
+                "| openai:MODEL@URL"})
+    env_kwargs: dict[str, Any] = field(default_factory=dict, metadata={"help": "env constructor arguments"})
+    split: str | None = field(default="test", metadata={
+        "help": "env split, for envs that take one (null: none)"})
+    episodes: int = field(default=16, metadata={"help": "number of tasks (groups) evaluated"})
+    group_size: int = field(default=1, metadata={"help": "episodes per task"})
+    batch_size: int = field(default=16, metadata={"help": "episodes collected together (one generate call per turn)"})
+    first_task: int | None = field(default=None, metadata={
+        "help": "evaluate tasks first_task, first_task+1, ... (null: drawn from seed)"})
+    seed: int = field(default=0, metadata={"help": "seed of task choice and sampling"})
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(sampling=SamplingParams(max_new_tokens=128)),
+                                   metadata={"help": "sampling and token layout of the episodes"})
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, cuda:1 ... (null: cuda when there is one)"})
+    backend: str | None = field(default=None, metadata={
+        "help": "generation engine registered in agentgym.policies.registry (null: the registry's choice here)"})
+    html: str | None = field(default=None, metadata={"help": "write the HTML trajectory report to this file"})
+    json: str | None = field(default=None, metadata={
+        "help": "write config, metrics (mean, std) and trajectories as JSON to this file"})
 
     config_aliases: ClassVar[dict[str, str]] = {
         **ROLLOUT_ALIASES, **{k: f"rollout.sampling.{k}" for k in ("max_new_tokens", "temperature", "top_p",
