@@ -123,8 +123,9 @@ class _ScriptedChannel(Channel):
         self._buf = bytearray(_frame({"ready": True}))
         self._answers, self._closed = list(answers), closed
 
-    def send(self, data: bytes) -> None:
-        self._buf += _frame(self._answers.pop(0)) if self._answers else b""
+    def send(self, data: bytes) -> None:   # an answer of None: the runner died (the channel ends)
+        answer = self._answers.pop(0) if self._answers else None
+        self._buf += b"" if answer is None else _frame(answer)
 
     def recv(self, n: int, deadline: float) -> bytes:
         if len(self._buf) < n:
@@ -140,9 +141,9 @@ class _ScriptedChannel(Channel):
 class _ScriptedSandbox(WarmSandbox):
     name = "scripted"
 
-    def __init__(self, answers: list[object]) -> None:
+    def __init__(self, answers: list[object], pool_size: int = 1) -> None:
         self.answers, self.closed, self.stopped = list(answers), [], []
-        super().__init__(pool_size=1, acquire_timeout_s=5.0)
+        super().__init__(pool_size=pool_size, acquire_timeout_s=5.0)
 
     def _start_runner(self) -> Runner:
         answer = self.answers.pop(0) if self.answers else _GOOD
@@ -159,7 +160,7 @@ class _ScriptedSandbox(WarmSandbox):
     {"results": [{**_GOOD["results"][0], "returncode": "0"}]},    # a returncode that is not an int
 ])
 def test_a_runner_answering_garbage_is_an_infra_error_and_is_recycled(garbage):
-    box = _ScriptedSandbox([garbage, garbage])
+    box = _ScriptedSandbox([garbage] * 4)
     try:
         with pytest.raises(SandboxError, match="failed twice: .*runner sent (a frame|malformed|a malformed)"):
             box.run("print('hi')")
@@ -167,9 +168,25 @@ def test_a_runner_answering_garbage_is_an_infra_error_and_is_recycled(garbage):
         deadline = time.monotonic() + 5
         while len(box.stopped) < 2 and time.monotonic() < deadline:   # recycled in the background
             time.sleep(0.01)
-        assert len(box.stopped) == 2                  # both runners that answered garbage were stopped
+        assert len(box.stopped) >= 2                  # both runners that answered garbage were stopped
+        box.answers.clear()                           # runners started from now on answer properly
         assert box.run("print('hi')").stdout == "hi\n"   # and the pool still serves (its count is intact)
         assert box._pool._live == 1
+    finally:
+        box.close()
+
+
+def test_when_every_idle_runner_died_the_retry_runs_on_a_fresh_one():
+    """All warm runners dead at once (a daemon restart, the host's OOM killer): the first failure
+    used to be retried on the next dead runner from the pool, so the job failed twice."""
+    box = _ScriptedSandbox([None, None], pool_size=2)
+    box._pool.fill()
+    try:
+        deadline = time.monotonic() + 5
+        while box._pool._ready.qsize() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert box.run("print('hi')").stdout == "hi\n"
+        assert box.recycled.get("error") == 1
     finally:
         box.close()
 

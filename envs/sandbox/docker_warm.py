@@ -168,6 +168,7 @@ class WarmDockerSandbox(WarmSandbox):
 
     def _recover(self, error: SandboxError) -> None:
         ping(self._client)
+        super()._recover(error)
 
     def close(self) -> None:
         super().close()  # idempotent: stops the pool, closing the ready runners' containers

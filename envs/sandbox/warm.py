@@ -252,6 +252,16 @@ class RunnerPool:
             runner.close()
         self.fill()
 
+    def recycle_idle(self) -> None:
+        """Recycle every idle runner: after one channel failed the others may be dead too (a daemon
+        restart, the host's OOM killer), and the single retry must not land on one of them."""
+        while True:
+            try:
+                runner = self._ready.get_nowait()
+            except queue.Empty:
+                return
+            self.recycle(runner)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -344,6 +354,10 @@ class WarmSandbox(Sandbox):
 
     def _before_request(self, runner: Runner, jobs: list[Job]) -> None:
         """Adjust the runner to the jobs (docker: the memory limit)."""
+
+    def _recover(self, error: SandboxError) -> None:
+        """Before the single retry: fresh runners only (see :meth:`RunnerPool.recycle_idle`)."""
+        self._pool.recycle_idle()
 
     def _answer(self, runner: Runner, jobs: list[Job], answer: dict, results: list[ExecResult]) -> list[ExecResult]:
         why = ("taint" if answer.get("taint") else "breach" if answer.get("breach") or self._breach(answer)
