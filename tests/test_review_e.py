@@ -246,3 +246,24 @@ def test_a_recheck_while_another_thread_measures_returns_at_once():
     release.set()
     first.join(5)
     assert measured == ["sampler"]
+
+
+@pytest.mark.parametrize("bad, what", [
+    ({"backoff_s": -1.0}, "backoff_s"), ({"timeout_s": 0}, "timeout_s"), ({"timeout_s": float("nan")}, "timeout_s"),
+    ({"max_queries_per_request": 0}, "max_queries_per_request"), ({"max_retries": -1}, "max_retries"),
+    ({"max_retries": 1.5}, "max_retries"),
+])
+def test_remote_retriever_options_are_checked_when_it_is_made(bad, what):
+    """backoff_s=-1 used to fail in time.sleep at the first retry, max_queries_per_request=0 in range()
+    at the first search: in the middle of a rollout, not where the option was given."""
+    with pytest.raises(ValueError, match=what):
+        RemoteRetriever("http://127.0.0.1:9/retrieve", **bad)
+
+
+@pytest.mark.parametrize("bad, what", [({"query_prefix": None}, "query_prefix"), ({"max_length": "abc"}, "max_length"),
+                                       ({"max_length": True}, "max_length")])
+def test_prebuilt_index_options_are_checked_before_anything_loads(bad, what, tmp_path):
+    """query_prefix=None used to pass construction and fail inside every search (None + str)."""
+    from agentgym.envs.retrieval.prebuilt import from_spec
+    with pytest.raises(ValueError, match=what):
+        from_spec({"index": str(tmp_path / "e5_Flat.index"), "corpus": str(tmp_path / "c.jsonl"), **bad})

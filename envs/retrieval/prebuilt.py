@@ -53,8 +53,10 @@ class SearchR1IndexRetriever(Retriever):
                  device: str | None = None) -> None:
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
-        if int(max_length) < 1:
-            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(f"max_length must be an int >= 1, got {max_length!r}")
+        if not isinstance(query_prefix, str):
+            raise ValueError(f"query_prefix must be a string ('' for none), got {query_prefix!r}")
         index_path, corpus_path = Path(index), Path(corpus)
         missing = [f"{what} file {p}" for what, p in (("index", index_path), ("corpus", corpus_path)) if not p.is_file()]
         if missing:

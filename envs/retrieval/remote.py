@@ -12,6 +12,7 @@ loading its index); a 4xx means the request itself is wrong and fails at once.
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
@@ -53,6 +54,17 @@ def _error_message(response: httpx.Response) -> str:
     return detail if isinstance(detail, str) else json.dumps(detail)[:500]
 
 
+def _check_options(timeout_s: float, max_retries: int, backoff_s: float, max_queries_per_request: int) -> None:
+    """A clear error at construction, not a ``time.sleep`` or ``range`` error in the middle of a search."""
+    for name, value, least in (("max_retries", max_retries, 0), ("max_queries_per_request", max_queries_per_request, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    for name, value, positive in (("timeout_s", timeout_s, True), ("backoff_s", backoff_s, False)):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+
+
 class RetrieverUnavailable(InfraError):
     """The retrieval server timed out, refused the connection or answered 5xx on every attempt: an
     infrastructure failure, so an episode that hits it is marked and kept out of training."""
@@ -78,8 +90,7 @@ class RemoteRetriever(Retriever):
         backoff_s: float = 0.5,
         max_queries_per_request: int = 256,
     ) -> None:
-        if max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        _check_options(timeout_s, max_retries, backoff_s, max_queries_per_request)
         self.url = _endpoint(url, "/retrieve")
         self.health_url = _endpoint(url, "/health")
         self.timeout_s = timeout_s
