@@ -267,3 +267,25 @@ def test_prebuilt_index_options_are_checked_before_anything_loads(bad, what, tmp
     from agentgym.envs.retrieval.prebuilt import from_spec
     with pytest.raises(ValueError, match=what):
         from_spec({"index": str(tmp_path / "e5_Flat.index"), "corpus": str(tmp_path / "c.jsonl"), **bad})
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "docker"])
+def test_a_warm_pool_whose_runners_were_all_killed_still_runs_the_next_job(backend):
+    """Real runners: both warm runners killed from outside (as a daemon restart or the host's OOM
+    killer would) -- the next job runs on a fresh one instead of failing twice."""
+    from agentgym.envs.sandbox import available_backends, make_sandbox
+    status = available_backends()[backend]
+    if status != "ok":
+        pytest.skip(f"{backend} sandbox unavailable here: {status}")
+    with make_sandbox(backend, pool_size=2) as sb:
+        assert sb.run("print(1)").stdout == "1\n"
+        deadline = time.monotonic() + 60
+        while sb._pool._ready.qsize() < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for runner in list(sb._pool._ready.queue):
+            if backend == "bwrap":
+                os.killpg(runner.channel.proc.pid, signal.SIGKILL)
+                runner.channel.proc.wait()
+            else:
+                sb._client.api.kill(runner.container_id)
+        assert sb.run("print(2)").stdout == "2\n"
