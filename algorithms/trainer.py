@@ -356,6 +356,8 @@ class Trainer:
         self._sync_sampler()
 
     def _train_loop(self, guard: WholeSteps | None) -> dict[str, Any]:
+        """Eval before, then one step per iteration: take a batch, update, log, eval and checkpoint on
+        schedule; then the final eval and artifacts (:meth:`_finish`)."""
         from tqdm import tqdm
 
         cfg = self.cfg
@@ -363,8 +365,8 @@ class Trainer:
         update_section = guard.update if guard is not None else contextlib.nullcontext
         if main and self.step == 0 and not any(ev["tag"] == "before" for ev in self.evals):
             self.evaluate("before")
-        bar = self._bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.algo} on {cfg.env}", unit="step",
-                               disable=not main)
+        self._bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.algo} on {cfg.env}", unit="step",
+                         disable=not main)
         ahead = cfg.max_staleness > 0   # generation of step k+1 overlaps update k (algorithms/overlap.py)
         while self.step < cfg.steps:
             recheck_threads()   # torch threads follow the load between steps (agentgym.threads)
@@ -382,31 +384,47 @@ class Trainer:
                 self.step += 1
                 if not ahead:   # the sampler gets the new weights (a no-op when it is the trained module itself)
                     sync_s = self._sync_sampler()
-                dt = time.perf_counter() - t0
-                row = {"step": float(self.step), **{f"rollout/{k}": v for k, v in batch.metrics.items()},
-                       **{f"train/{k}": float(v) for k, v in upd.items()},
-                       "rollout/staleness": float(staleness), "rollout/infra_errors": float(infra), "time/step_s": dt, "time/rollout_s": got.seconds,
-                       "time/rollout_wait_s": t_wait, "time/sync_s": sync_s,
-                       "perf/tokens_per_s": batch.metrics.get("generated_tokens", 0.0) / max(dt, 1e-9),
-                       **batch_health(batch.trajectories, cfg.health)}
-                self.history.append(row)
-                for alarm in self.health.check(row):
-                    self.log(f"[health] WARNING step {alarm.step}: {alarm.message} ({alarm.rule})")
-                if main:
-                    self._log_row(row)
-            if self.on_step is not None:
-                self.on_step(self.step, batch, row)
-            bar.update(1)
-            # the training batch's own (sampled) reward and success; held-out success is the eval's
-            bar.set_postfix(batch_reward=f"{batch.metrics['reward_mean']:+.3f}",
-                            batch_success=f"{batch.metrics['success_rate']:.2f}")
-            if main and cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
-                self._sampler_idle()
-                self.evaluate(f"step{self.step}")
-            if (main or self.learner.fsdp) and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                self.save_checkpoint()    # FSDP: every rank takes part in gathering the shards
+                timing = {"time/step_s": time.perf_counter() - t0, "time/rollout_s": got.seconds,
+                          "time/rollout_wait_s": t_wait, "time/sync_s": sync_s}
+                row = self._step_row(batch, upd, staleness, infra, timing)
+            self._after_step(batch, row)
         self._close_bar()
-        if not main:   # the other ranks are done once the last update is in
+        return self._finish()
+
+    def _step_row(self, batch: Any, upd: dict[str, Any], staleness: int, infra: int,
+                  timing: dict[str, float]) -> dict[str, float]:
+        """The step's logged row (kept in ``history``, checked by the health monitor, written by rank 0)."""
+        dt = timing["time/step_s"]
+        row = {"step": float(self.step), **{f"rollout/{k}": v for k, v in batch.metrics.items()},
+               **{f"train/{k}": float(v) for k, v in upd.items()},
+               "rollout/staleness": float(staleness), "rollout/infra_errors": float(infra), **timing,
+               "perf/tokens_per_s": batch.metrics.get("generated_tokens", 0.0) / max(dt, 1e-9),
+               **batch_health(batch.trajectories, self.cfg.health)}
+        self.history.append(row)
+        for alarm in self.health.check(row):
+            self.log(f"[health] WARNING step {alarm.step}: {alarm.message} ({alarm.rule})")
+        if self.is_main:
+            self._log_row(row)
+        return row
+
+    def _after_step(self, batch: Any, row: dict[str, float]) -> None:
+        """The caller's hook, the progress bar, and the scheduled eval and checkpoint."""
+        cfg, main = self.cfg, self.is_main
+        if self.on_step is not None:
+            self.on_step(self.step, batch, row)
+        self._bar.update(1)
+        # the training batch's own (sampled) reward and success; held-out success is the eval's
+        self._bar.set_postfix(batch_reward=f"{batch.metrics['reward_mean']:+.3f}",
+                              batch_success=f"{batch.metrics['success_rate']:.2f}")
+        if main and cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.steps:
+            self._sampler_idle()
+            self.evaluate(f"step{self.step}")
+        if (main or self.learner.fsdp) and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+            self.save_checkpoint()    # FSDP: every rank takes part in gathering the shards
+
+    def _finish(self) -> dict[str, Any]:
+        """After the last step: rank 0 evaluates, checkpoints and writes the artifacts; the others close."""
+        if not self.is_main:   # the other ranks are done once the last update is in
             if self.learner.fsdp:
                 self.save_checkpoint()    # rank 0's final checkpoint gathers from every rank
             self.close()
