@@ -289,3 +289,14 @@ def test_a_warm_pool_whose_runners_were_all_killed_still_runs_the_next_job(backe
             else:
                 sb._client.api.kill(runner.container_id)
         assert sb.run("print(2)").stdout == "2\n"
+
+
+@pytest.mark.parametrize("scorer", ["em", "subem", "qa_em", "qa_subem"])
+def test_one_gold_answer_given_as_a_string_is_one_answer_not_its_letters(scorer):
+    """Search-R1's em_check/subem_check take a bare string as one gold answer; iterating it as a
+    list of golds judged "paris" against "P", "a", ... (em 0; subem 1 for any answer holding an 'a')."""
+    from agentgym.envs.searchqa.scoring import score_search_r1
+    sequence = "<answer> and </answer> ... <answer> Paris </answer>"
+    assert score_search_r1(scorer, "Paris", sequence, "Paris") == 1.0
+    wrong = sequence.replace("Paris", "Madrid")
+    assert score_search_r1(scorer, "Madrid", wrong, "Paris") == 0.0

@@ -50,12 +50,14 @@ def _subem(answer: str, golds: Sequence[str]) -> bool:
     return any(normalize_answer(g) in pred for g in golds)
 
 
-def score_search_r1(scorer: str, answer: str | None, sequence: str, golds: Sequence[str]) -> float:
+def score_search_r1(scorer: str, answer: str | None, sequence: str, golds: str | Sequence[str]) -> float:
     """One episode's score. ``em``/``subem`` judge ``answer`` (the answer the episode ended with).
     ``qa_em``/``qa_subem`` reproduce Search-R1's ``qa_em.py``: the last ``<answer>…</answer>`` of the
     whole ``sequence`` (prompt + responses + observations) is judged, and fewer than two matches
     score 0. Search-R1's own prompt holds two matches (``<answer> and </answer>`` and
-    ``<answer> Beijing </answer>``), so a trajectory that never answers is judged on "Beijing"."""
+    ``<answer> Beijing </answer>``), so a trajectory that never answers is judged on "Beijing".
+    ``golds`` may be one string, as Search-R1's ``em_check`` accepts (not its characters)."""
+    golds = [golds] if isinstance(golds, str) else list(golds)
     if scorer in ("em", "subem"):
         if answer is None:
             return 0.0
