@@ -300,3 +300,38 @@ def test_one_gold_answer_given_as_a_string_is_one_answer_not_its_letters(scorer)
     assert score_search_r1(scorer, "Paris", sequence, "Paris") == 1.0
     wrong = sequence.replace("Paris", "Madrid")
     assert score_search_r1(scorer, "Madrid", wrong, "Paris") == 0.0
+
+
+def test_a_caller_waiting_for_a_runner_is_told_at_once_when_the_sandbox_closes():
+    """close() from another thread (the env pool shutting down) left a caller waiting for a runner
+    until acquire_timeout_s (120 s by default) for one that would never come."""
+    from agentgym.envs.sandbox.warm import RunnerPool
+    starting, finish = threading.Event(), threading.Event()
+    closed: list[object] = []
+
+    def start() -> Runner:
+        starting.set()
+        finish.wait(5)
+        return Runner(_ScriptedChannel([], closed), lambda: None)
+
+    pool = RunnerPool(start, 1)
+    outcome: list[object] = []
+
+    def wait_for_one() -> None:
+        t0 = time.monotonic()
+        try:
+            pool.acquire(30)
+        except SandboxError as e:
+            outcome.append((str(e), time.monotonic() - t0))
+
+    waiter = threading.Thread(target=wait_for_one)
+    waiter.start()
+    assert starting.wait(5)
+    closer = threading.Thread(target=pool.close)
+    closer.start()
+    time.sleep(0.1)
+    finish.set()
+    closer.join(5)
+    waiter.join(10)
+    assert outcome and "closed" in outcome[0][0] and outcome[0][1] < 5
+    assert len(closed) == 1          # the runner that finished starting after close() was closed

@@ -218,7 +218,9 @@ class RunnerPool:
             except queue.Empty:
                 pass
             with self._lock:
-                live, error = self._live, self._error
+                live, error, closed = self._live, self._error, self._closed
+            if closed:   # closed by another thread: no runner will come
+                raise SandboxError("the sandbox was closed while waiting for a runner")
             if error is not None and live == 0:
                 self._error = None
                 raise SandboxError(f"could not start a sandbox runner: {error}")
