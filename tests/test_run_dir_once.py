@@ -39,14 +39,14 @@ def test_sft_prepares_its_run_directory_once(tmp_path, prepared_dirs, command):
     assert prepared_dirs == [str(out)]
 
 
-def test_a_used_directory_is_refused_before_anything_is_prepared(tmp_path, prepared_dirs, capsys):
+@pytest.mark.parametrize("command", ["sft", "dpo"])
+def test_a_used_directory_is_refused_before_anything_is_prepared(tmp_path, prepared_dirs, capsys, command):
     used = tmp_path / "used"
     used.mkdir()
-    (used / "config.yaml").write_text("model: smollm2\n")
-    for cmd in (["sft", "model=tiny-random"], ["dpo", "model=tiny-random"]):
-        assert main([*cmd, f"output_dir={used}"]) == 2
-        assert "already holds" in capsys.readouterr().err
-    assert prepared_dirs == [] and (used / "config.yaml").read_text() == "model: smollm2\n"
+    (used / "notes.txt").write_text("mine")
+    assert main([command, "model=tiny-random", f"output_dir={used}"]) == 2
+    assert "already holds" in capsys.readouterr().err
+    assert prepared_dirs == [] and (used / "notes.txt").read_text() == "mine"
 
 
 def test_trainer_from_python_prepares_its_own(tmp_path):

@@ -121,8 +121,7 @@ def _add_retriever_build(rsub: Any) -> None:
     q.add_argument("--device", default=None, help="encoder device (default: cuda when there is one)")
     q.add_argument("--batch-size", type=int, default=64, help="passages encoded per batch")
     q.add_argument("--overwrite", action="store_true", help="replace an existing index in --out")
-    q.add_argument("--world-seed", type=int, default=0, help="seed of the bundled world (corpus 'bundled')")
-    q.add_argument("--world-size", default="small", help="size of the bundled world (corpus 'bundled')")
+    _add_world_arguments(q, "corpus")
     q.set_defaults(func=cmd_retriever_build)
 
 
@@ -135,9 +134,14 @@ def _add_retriever_serve(rsub: Any) -> None:
     q.add_argument("--max-topk", type=int, default=50, help="larger topk requests get HTTP 422")
     q.add_argument("--max-request-bytes", type=int, default=1 << 20,
                    help="larger request bodies get HTTP 413 (default 1 MiB)")
-    q.add_argument("--world-seed", type=int, default=0, help="seed of the bundled world (index 'bundled')")
-    q.add_argument("--world-size", default="small", help="size of the bundled world (index 'bundled')")
+    _add_world_arguments(q, "index")
     q.set_defaults(func=cmd_retriever_serve)
+
+
+def _add_world_arguments(q: Any, what: str) -> None:
+    """The bundled world's seed and size, for a ``bundled`` corpus or index."""
+    q.add_argument("--world-seed", type=int, default=0, help=f"seed of the bundled world ({what} 'bundled')")
+    q.add_argument("--world-size", default="small", help=f"size of the bundled world ({what} 'bundled')")
 
 
 def _add_retriever_prep(rsub: Any) -> None:
@@ -162,30 +166,32 @@ def add_sandbox(sub: Any) -> None:
 def add_train(sub: Any) -> None:
     """``agentgym train``"""
     p = sub.add_parser("train", help="train a policy with REINFORCE / PPO / GRPO (defaults: a short CPU run)")
-    p.add_argument("--config", default=None, help="YAML file with TrainConfig fields")
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in output_dir")
-    p.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir and start afresh")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="e.g. algo=ppo learner.lr=1e-5 steps=20 backend=vllm")
+    _add_run_arguments(p, "TrainConfig", "e.g. algo=ppo learner.lr=1e-5 steps=20 backend=vllm", resume=True)
     p.set_defaults(func=cmd_train)
 
 
 def add_sft(sub: Any) -> None:
     """``agentgym sft``"""
     p = sub.add_parser("sft", help="SFT warm-up on successful episodes (oracle by default) with trl.SFTTrainer")
-    p.add_argument("--config", default=None, help="YAML file with SFTRunConfig fields")
-    p.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir and start afresh")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. model=smollm2 data.episodes=128 optim.lr=1e-5")
+    _add_run_arguments(p, "SFTRunConfig", "e.g. model=smollm2 data.episodes=128 optim.lr=1e-5")
     p.set_defaults(func=cmd_sft)
 
 
 def add_dpo(sub: Any) -> None:
     """``agentgym dpo``"""
     p = sub.add_parser("dpo", help="DPO on best-vs-worst sampled episodes per task with trl.DPOTrainer")
-    p.add_argument("--config", default=None, help="YAML file with DPORunConfig fields")
-    p.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir and start afresh")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. model=runs/sft beta=0.1 loss_type=sigmoid")
+    _add_run_arguments(p, "DPORunConfig", "e.g. model=runs/sft beta=0.1 loss_type=sigmoid")
     p.set_defaults(func=cmd_dpo)
+
+
+def _add_run_arguments(p: Any, config: str, example: str, resume: bool = False) -> None:
+    """What every command that makes a run directory takes: its config file, --resume (where a run can be
+    continued), --overwrite and KEY=VALUE overrides."""
+    p.add_argument("--config", default=None, help=f"YAML file with {config} fields")
+    if resume:
+        p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in output_dir")
+    p.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir and start afresh")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=example)
 
 
 def add_compare(sub: Any) -> None:

@@ -145,16 +145,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _offline_run_config(cls: type, args: argparse.Namespace, command: str) -> Any:
+    """The config of an ``sft`` / ``dpo`` run, checked before the model loads: env, model spec, and the
+    output directory, which ``run_sft`` / ``run_dpo`` then prepare (once, before their model load too)."""
+    from agentgym.app.runs import check_output_dir
+    from agentgym.config import load_config
+    cfg = _versioned(load_config(cls, args.config, args.overrides), args, command)
+    validate_run(cfg)
+    check_output_dir(cfg.output_dir, overwrite=args.overwrite, command=command)
+    set_threads(args.threads, verbose=True)
+    return cfg
+
+
 def cmd_sft(args: argparse.Namespace) -> int:
     from agentgym.algorithms.offline.sft import SFTRunConfig, run_sft
-    from agentgym.config import load_config
-    from agentgym.app.runs import check_output_dir
-    cfg = load_config(SFTRunConfig, args.config, args.overrides)
-    cfg = _versioned(cfg, args, "sft")
-    validate_run(cfg)
-    # refused before loading; run_sft prepares the directory (once), before its model load too
-    check_output_dir(cfg.output_dir, overwrite=args.overwrite, command="sft")
-    set_threads(args.threads, verbose=True)
+    cfg = _offline_run_config(SFTRunConfig, args, "sft")
     print(f"[sft] {cfg.model} on {cfg.env} episodes from {cfg.data.source} -> {cfg.output_dir}")
     r = run_sft(cfg, overwrite=args.overwrite)
     print_metrics({"episodes": r["episodes"], "kept (successful)": r["kept"], "steps": r["steps"],
@@ -165,14 +170,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_dpo(args: argparse.Namespace) -> int:
     from agentgym.algorithms.offline.dpo import DPORunConfig, run_dpo
-    from agentgym.config import load_config
-    from agentgym.app.runs import check_output_dir
-    cfg = load_config(DPORunConfig, args.config, args.overrides)
-    cfg = _versioned(cfg, args, "dpo")
-    validate_run(cfg)
-    # refused before loading; run_dpo prepares the directory (once), before its model load too
-    check_output_dir(cfg.output_dir, overwrite=args.overwrite, command="dpo")
-    set_threads(args.threads, verbose=True)
+    cfg = _offline_run_config(DPORunConfig, args, "dpo")
     print(f"[dpo] {cfg.model} on {cfg.env}: {cfg.data.samples_per_task} samples x {cfg.data.episodes} tasks, "
           f"loss {cfg.loss_type}, beta {cfg.beta} -> {cfg.output_dir}")
     r = run_dpo(cfg, overwrite=args.overwrite)
