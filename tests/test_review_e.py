@@ -335,3 +335,27 @@ def test_a_caller_waiting_for_a_runner_is_told_at_once_when_the_sandbox_closes()
     waiter.join(10)
     assert outcome and "closed" in outcome[0][0] and outcome[0][1] < 5
     assert len(closed) == 1          # the runner that finished starting after close() was closed
+
+
+def test_a_failed_runners_stderr_is_read_before_it_is_closed():
+    """The error message read the runner's stderr after handing the runner to the background close:
+    the descriptor could be closed and reused by the replacement runner's pipe meanwhile, and the read
+    then blocked for good (seen as a hung test with real bwrap runners)."""
+    reads: list[bool] = []
+
+    class _Channel(_ScriptedChannel):
+        def diagnostics(self) -> str:
+            time.sleep(0.2)                      # room for a background close to run first
+            reads.append(self in self._closed)   # True: read after close
+            return "runner stderr"
+
+    class _Box(_ScriptedSandbox):
+        def _start_runner(self) -> Runner:
+            return Runner(_Channel([self.answers.pop(0)] if self.answers else [_GOOD], self.closed), lambda: None)
+
+    box = _Box([None])
+    try:
+        assert box.run("print('hi')").stdout == "hi\n"
+        assert reads == [False]
+    finally:
+        box.close()

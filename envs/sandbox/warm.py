@@ -347,8 +347,11 @@ class WarmSandbox(Sandbox):
             results = [self._result(j, r) for j, r in zip(jobs, answer.get("results", []))]
         except SandboxError as e:
             self._note("error")
+            # read before recycling: the close runs in the background, and a read after it lands on a
+            # reused descriptor (a fresh runner's pipe) and can block for good
+            said = runner.channel.diagnostics()
             self._pool.recycle(runner)
-            raise SandboxError(f"{e} {runner.channel.diagnostics()}".strip()) from e
+            raise SandboxError(f"{e} {said}".strip()) from e
         except BaseException:
             self._pool.recycle(runner)
             raise
