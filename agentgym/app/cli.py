@@ -18,6 +18,8 @@ __all__ = ["main", "build_parser", "choose_threads"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``agentgym`` command; returns its exit code (0 ok, 1 runtime failure, 2 usage error,
+    130 interrupted)."""
     import gymnasium as gym
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -48,7 +50,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a runtime failure: one line (the traceback with AGENTGYM_DEBUG=1), exit 1
-        import os
         if os.environ.get("AGENTGYM_DEBUG"):
             raise
         print(f"error: {type(e).__name__}: {e} (AGENTGYM_DEBUG=1 shows the traceback)", file=sys.stderr)
@@ -61,7 +62,6 @@ def _load_plugins(modules: Sequence[str] | None) -> None:
     Resolved from the current directory first, as ``python -m`` does, so ``mypkg/`` next to you works
     without ``PYTHONPATH=.``."""
     import importlib
-    import os
     if modules and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     for m in modules or []:
