@@ -3,7 +3,7 @@
 On a 2-core machine, torch threads that outnumber the free cores spin waiting for a busy one: two
 threads next to another job made SmolLM2 2.4–5× *slower* than one, and a run whose thread count was
 chosen once, at a quiet moment, took 185–190 s a step where one thread took about 30 s
-(benchmarks/RESULTS.md). So the command line chooses a count at start (``agentgym.cli.choose_threads``)
+(benchmarks/RESULTS.md). So the command line chooses a count at start (``choose_threads`` in the app's cli)
 and installs a :class:`ThreadGovernor`; the trainer and the evaluations call :func:`recheck` between
 steps and as episodes finish, and the governor moves ``torch.set_num_threads`` to the cores that
 *other* work leaves free, measured over the time since the last check:

@@ -177,7 +177,7 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
         f"{base.groups_per_step} groups × {base.group_size} = {per_step} episodes/step for every run; "
         f"model {base.model} -> {out}")
     if not resume:
-        from agentgym.runs import prepare_output_dir
+        from agentgym.app.runs import prepare_output_dir
         prepare_output_dir(out, overwrite=overwrite, command="compare")
     out.mkdir(parents=True, exist_ok=True)
     records = _run_all(configs, resume=resume, keep_checkpoints=keep_checkpoints, log=log)

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agentgym.stats import diff_ci, format_ci, mean_ci, min_detectable_difference, verdict, without_undefined
+from agentgym.app.stats import diff_ci, format_ci, mean_ci, min_detectable_difference, verdict, without_undefined
 
 from agentgym.algorithms.compare_arms import RunRecord, Variant
 from agentgym.algorithms.trainer import TrainConfig
@@ -102,7 +102,7 @@ def summarize_runs(records: Sequence[RunRecord], variants: Sequence[Variant], pe
             "train_s": _mean_std(np.nansum(step_s, axis=1)),
             "run_wall_s": _mean_std([r.wall_s for r in runs]),
             "tokens": _mean_std(np.nansum(tokens, axis=1)),
-            # 95 % t intervals over seeds (agentgym.stats.mean_ci), and the per-seed values they rest on
+            # 95 % t intervals over seeds (agentgym.app.stats.mean_ci), and the per-seed values they rest on
             **_seed_intervals({"final_reward": rewards[:, -1], "final_success": success[:, -1],
                                "auc_reward": np.nanmean(rewards, axis=1),
                                "eval_success_after": [_g(r.after, "eval/success_rate") for r in runs]}),
@@ -134,7 +134,7 @@ def _seed_intervals(per_metric: Mapping[str, Sequence[float]]) -> dict[str, dict
 
 def _pairwise_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every pair of variants, per metric: Welch's 95 % interval of the difference of seed means and
-    whether it excludes 0 (:func:`agentgym.stats.verdict`). Where it does not exist (a variant with one
+    whether it excludes 0 (:func:`agentgym.app.stats.verdict`). Where it does not exist (a variant with one
     seed; both variants' seeds agreeing among themselves) ``low``/``high`` are NaN, ``undefined`` says
     why and the verdict is ``n/a``: such a difference is never called significant."""
     labels = [k for k in summary if not k.startswith("_")]

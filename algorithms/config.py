@@ -447,13 +447,12 @@ def torch_dtype(name: str | None) -> torch.dtype | None:
 
 # --------------------------------------------------------------------------- listing every knob
 
-#: Each command's root config as ``module:Class`` (the first that imports wins: the evaluation module may
-#: sit in the kernel or in the application package), imported only when asked for.
-COMMAND_CONFIGS: dict[str, tuple[str, ...]] = {
-    "train": ("agentgym.algorithms.config:TrainConfig",),
-    "sft": ("agentgym.algorithms.offline.sft:SFTRunConfig",),
-    "dpo": ("agentgym.algorithms.offline.dpo:DPORunConfig",),
-    "eval": ("agentgym.evaluation:EvalRunConfig", "agentgym.app.evaluation:EvalRunConfig"),
+#: Each command's root config as ``module:Class``, imported only when asked for.
+COMMAND_CONFIGS: dict[str, str] = {
+    "train": "agentgym.algorithms.config:TrainConfig",
+    "sft": "agentgym.algorithms.offline.sft:SFTRunConfig",
+    "dpo": "agentgym.algorithms.offline.dpo:DPORunConfig",
+    "eval": "agentgym.app.evaluation:EvalRunConfig",
 }
 
 
@@ -462,13 +461,8 @@ def command_config(command: str) -> type:
     import importlib
     if command not in COMMAND_CONFIGS:
         raise ValueError(f"no config for command {command!r}; choose one of {', '.join(COMMAND_CONFIGS)}")
-    for spec in COMMAND_CONFIGS[command]:
-        module, _, name = spec.partition(":")
-        try:
-            return getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):
-            continue
-    raise ImportError(f"{command}: none of {', '.join(COMMAND_CONFIGS[command])} is importable")
+    module, _, name = COMMAND_CONFIGS[command].partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def describe_configs(command: str | None = None) -> str:

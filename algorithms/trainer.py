@@ -35,7 +35,7 @@ from agentgym.algorithms.health import Alarm, HealthMonitor, batch_health
 from agentgym.algorithms.overlap import Prefetcher
 from agentgym.algorithms.run_control import (TrainingInterrupted, WholeSteps, checkpoint_step, finished_run,
                                              interrupted_run, latest_checkpoint)
-from agentgym.algorithms.train_config import EvalConfig, TrainConfig, torch_dtype
+from agentgym.algorithms.config import EvalConfig, TrainConfig, torch_dtype
 
 __all__ = ["TrainConfig", "EvalConfig", "train", "Trainer", "rollout_config", "held_out_eval", "TrainingInterrupted",
            "finished_run", "interrupted_run", "latest_checkpoint"]

@@ -24,6 +24,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    from agentgym.algorithms.config import describe_configs
+    print(describe_configs(args.which))
+    return 0
+
+
 def _print_messages(console: Any, messages: Sequence[dict[str, str]]) -> None:
     from rich.panel import Panel
     from rich.text import Text

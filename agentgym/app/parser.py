@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from agentgym.app.commands import (cmd_check, cmd_eval, cmd_list, cmd_play, cmd_retriever_build, cmd_retriever_prep,
+from agentgym.app.commands import (cmd_check, cmd_config, cmd_eval, cmd_list, cmd_play, cmd_retriever_build, cmd_retriever_prep,
                                    cmd_retriever_serve, cmd_sandbox)
 from agentgym.app.run_commands import cmd_compare, cmd_dpo, cmd_sft, cmd_train
 
@@ -41,6 +41,14 @@ def add_list(sub: Any) -> None:
     """``agentgym list``"""
     p = sub.add_parser("list", help="list registered envs")
     p.set_defaults(func=cmd_list)
+
+
+def add_config(sub: Any) -> None:
+    """``agentgym config [COMMAND]``"""
+    p = sub.add_parser("config", help="list every config knob of a command with its default and help")
+    p.add_argument("which", nargs="?", choices=("train", "sft", "dpo", "eval"), default=None, metavar="COMMAND",
+                   help="train, sft, dpo or eval (default: all four); a knob is set as KEY=VALUE or in --config YAML")
+    p.set_defaults(func=cmd_config)
 
 
 def add_play(sub: Any) -> None:
@@ -216,5 +224,5 @@ def add_compare(sub: Any) -> None:
 
 
 #: every subcommand, in ``agentgym --help`` order
-SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (add_list, add_play, add_check, add_eval, add_retriever, add_sandbox,
-                                                  add_train, add_sft, add_dpo, add_compare)
+SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (add_list, add_config, add_play, add_check, add_eval, add_retriever,
+                                                  add_sandbox, add_train, add_sft, add_dpo, add_compare)

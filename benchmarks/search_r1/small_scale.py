@@ -235,7 +235,7 @@ def arm_stats(runs: list[list[dict]], n_boot: int) -> dict[str, Any]:
     ``ci_undefined``: the EM intervals that do not exist and why, e.g. every question scored the same
     (``questions agree: no spread``): their bounds stay the bootstrap's (equal) numbers, but the table
     prints n/a. ``em_seed_t_ci`` has NaN bounds when there is no interval over seeds."""
-    from agentgym.stats import bootstrap_ci, mean_ci, undefined_reason, without_undefined
+    from agentgym.app.stats import bootstrap_ci, mean_ci, undefined_reason, without_undefined
     s: dict[str, Any] = {"seeds": len(runs), "questions": len(runs[0]), "ci_undefined": {}}
     for qt in (None, *QTYPES):
         key, vals = f"em_{qt or 'overall'}", per_question(runs, "em", qt)
@@ -258,13 +258,13 @@ def _difference(raw: tuple[float, float, float], n: int, unit: str) -> dict[str,
     """A difference's record: NaN bounds and the reason (``undefined``) where there is no interval, e.g.
     every question changed by the same amount, so a zero-width interval is never read as exact; the
     verdict is then ``n/a``, never significant."""
-    from agentgym.stats import verdict, without_undefined
+    from agentgym.app.stats import verdict, without_undefined
     ci, reason = without_undefined(raw, n, unit)
     return {"diff": ci[0], "ci_low": ci[1], "ci_high": ci[2], "verdict": verdict(raw), "undefined": reason}
 
 
 def compare(a: list[list[dict]], b: list[list[dict]], sa: dict, sb: dict, n_boot: int) -> dict[str, Any]:
-    from agentgym.stats import diff_ci, paired_bootstrap_ci
+    from agentgym.app.stats import diff_ci, paired_bootstrap_ci
     out: dict[str, Any] = {}
     # seed-to-seed variation, which the question bootstrap (seeds held fixed) does not cover: Welch's
     # interval over the per-seed EMs when both arms have several seeds
@@ -632,7 +632,7 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
                         "load_average_start": list(load_start), "load_average_end": list(os.getloadavg())},
             "wall_s": timings, "resumed": progress.reused,
             "stats_method": "per-question EM averaged over the arm's seeds; percentile bootstrap over questions "
-                            "(agentgym.stats.bootstrap_ci); comparisons: paired bootstrap over questions "
+                            "(agentgym.app.stats.bootstrap_ci); comparisons: paired bootstrap over questions "
                             "(paired_bootstrap_ci); seeds held fixed. em_seed_t_ci: Student t over per-seed EM."}
     result = {"meta": meta, "args": vars(args), "config": to_dict(cfg), "sft_config": progress.sft_config,
               "sft": sft_summary, "stats": stats, "comparisons": comps, "records": records, "rl": rl}
