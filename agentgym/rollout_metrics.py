@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Sequence
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from agentgym.trajectory import Trajectory
 
-__all__ = ["episode_values", "summarize", "summarize_std"]
+__all__ = ["episode_values", "scored_episodes", "summarize", "summarize_std"]
 
 
 #: Episode-summary keys every env reports; the others (numeric ones) become ``episode/<key>`` metrics.
@@ -57,12 +58,27 @@ def episode_values(trajectories: Sequence[Trajectory]) -> dict[str, list[float]]
     return values
 
 
+def scored_episodes(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    """The episodes that say something about the policy: all but those a service failure ended
+    (``infra_error`` in the episode summary; agentgym.errors). A sandbox or retriever outage is not a
+    wrong answer, so it is neither a success nor a failure in any rate."""
+    return [t for t in trajectories if not (t.episode or {}).get("infra_error")]
+
+
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Batch metrics: success, reward and each reward term, turns, tool calls, tokens, mask coverage."""
+    """Batch metrics: success, reward and each reward term, turns, tool calls, tokens, mask coverage.
+
+    ``episodes`` counts every episode and ``infra_errors`` those a service failure ended; every other
+    metric is over the rest (:func:`scored_episodes`), NaN for the rates when nothing is left."""
     if not trajectories:
         return {}
+    scored = scored_episodes(trajectories)
+    head = {"episodes": float(len(trajectories)), "infra_errors": float(len(trajectories) - len(scored))}
+    if not scored:
+        return {**head, "success_rate": math.nan, "reward_mean": math.nan}
+    trajectories = scored
     values = episode_values(trajectories)
-    m: dict[str, float] = {"episodes": float(len(trajectories))}
+    m: dict[str, float] = dict(head)
     for k in ("success_rate", "reward_mean"):
         m[k] = float(np.mean(values[k]))
     m["reward_std"] = float(np.std(values["reward_mean"]))
@@ -84,6 +100,7 @@ def summarize_std(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Population std over episodes of every per-episode metric, keyed like :func:`summarize`'s means
     (``success_rate`` → spread of the success indicator). Aggregates (``episodes``,
     ``generated_tokens``, ``masked_token_fraction``) have no spread and are absent."""
-    if not trajectories:
+    scored = scored_episodes(trajectories)
+    if not scored:
         return {}
-    return {k: float(np.std(v)) for k, v in episode_values(trajectories).items()}
+    return {k: float(np.std(v)) for k, v in episode_values(scored).items()}

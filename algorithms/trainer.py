@@ -26,6 +26,7 @@ import torch
 
 from agentgym.config import save_config
 from agentgym.rollout import RolloutConfig, RolloutEngine, summarize
+from agentgym.rollout_metrics import scored_episodes
 from agentgym.precision import resolve_precision
 from agentgym.threads import recheck as recheck_threads
 
@@ -335,12 +336,14 @@ class Trainer:
         """The episodes to train on: those that ended on an infrastructure error (a sandbox, a retrieval
         server, a tool backend: :class:`agentgym.errors.InfraError`) are left out of the group baselines and
         the loss — their zero reward says nothing about the policy. Returns the rest and how many were left out."""
-        marked = [t for t in trajectories if (t.episode or {}).get("infra_error")]
-        if not marked:
+        kept = scored_episodes(trajectories)
+        if len(kept) == len(trajectories):
             return trajectories, 0
-        self.log(f"[train] step {self.step + 1}: {len(marked)} of {len(trajectories)} episodes ended on an "
-                 f"infrastructure error, left out of the baselines and the loss (first: {marked[0].episode['infra_error']})")
-        return [t for t in trajectories if not (t.episode or {}).get("infra_error")], len(marked)
+        kept_ids = {id(t) for t in kept}
+        first = next(t for t in trajectories if id(t) not in kept_ids).episode["infra_error"]
+        self.log(f"[train] step {self.step + 1}: {len(trajectories) - len(kept)} of {len(trajectories)} episodes ended "
+                 f"on an infrastructure error, left out of the baselines and the loss (first: {first})")
+        return kept, len(trajectories) - len(kept)
 
     def _sync_sampler(self) -> float:
         """Give the sampler the learner's current weights (once per step); seconds it took."""

@@ -161,3 +161,27 @@ def test_marked_episodes_never_reach_the_loss(tmp_path, flaky_url):
         assert [id(t) for t in trained] == [id(t) for t in batch if not t.episode.get("infra_error")]
     assert marked_total >= 2          # 16 episodes, every 5th service call failed
     assert any("infrastructure error, left out of the baselines and the loss" in line for line in logged)
+
+
+def test_an_eval_neither_passes_nor_fails_an_episode_a_service_failure_ended(flaky_url):
+    """Held-out metrics leave marked episodes out of every rate and count them apart (issue 23)."""
+    from agentgym.app.evaluation import EvalRunConfig, evaluate
+    from agentgym.policies.scripted import ScriptedPolicy
+    from agentgym.rollout import summarize
+    from fixtures_llm import cached_tokenizer
+
+    FlakyServiceEnv.url = flaky_url
+    env_id = agentgym.register("FlakyServiceEval-v0", entry_point=FlakyServiceEnv)
+    try:
+        policy = ScriptedPolicy(cached_tokenizer(), ["a reply of twenty chars"])
+        result = evaluate(policy, EvalRunConfig(episodes=10, group_size=1, batch_size=10), env_id)
+    finally:
+        del gym.registry[env_id]
+    marked = [t for t in result.trajectories if t.episode.get("infra_error")]
+    clean = [t for t in result.trajectories if not t.episode.get("infra_error")]
+    assert len(marked) == 2 and len(clean) == 8            # every 5th service call failed
+    assert result.metrics["episodes"] == 10 and result.metrics["infra_errors"] == 2
+    assert result.metrics["reward_mean"] == pytest.approx(1.0)   # the clean episodes' reward, not diluted by 2 zeros
+    assert result.std["reward_mean"] == pytest.approx(0.0)
+    everything_failed = summarize(marked)
+    assert everything_failed["infra_errors"] == 2 and everything_failed["success_rate"] != everything_failed["success_rate"]
