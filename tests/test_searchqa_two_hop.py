@@ -82,3 +82,18 @@ def test_a_share_picks_the_same_tasks_every_time(multi_hop_tasks):
 def test_a_bad_share_is_a_clear_error(bad):
     with pytest.raises(ValueError, match="oracle_two_hop must be a number in \\[0, 1\\]"):
         SearchQAEnv(split="train", oracle_two_hop=bad)
+
+
+@pytest.mark.parametrize("scorer", ["em", "subem"])
+def test_one_bare_gold_answer_is_one_answer_not_its_letters(scorer):
+    """`{"answers": "Paris"}` (a string, not a list): "Madrid" must not match the letter set of "Paris"."""
+    from agentgym.envs.searchqa.data import to_search_r1_rows
+    data = {"questions": [{"question": "Capital of France?", "answers": "Paris"}],
+            "corpus": [{"id": "0", "contents": '"France"\nParis is the capital of France.'}]}
+    for answer, want in (("Madrid", 0.0), ("a", 0.0), ("Paris", 1.0)):
+        env = SearchQAEnv(data=data, retriever="bm25", scorer=scorer)
+        env.reset(options={"task_index": 0})
+        *_, info = env.step(f"<answer>{answer}</answer>")
+        assert info["raw_reward_terms"]["exact_match"] == want, (answer, scorer)
+    rows = to_search_r1_rows([{"question": "Capital of France?", "answers": "Paris"}], "nq", "test", lambda q: q)
+    assert rows[0]["reward_model"]["ground_truth"]["target"] == ["Paris"]

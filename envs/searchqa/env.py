@@ -22,7 +22,7 @@ import numpy as np
 from agentgym import AgentEnv, Reward, Tool, ToolSet, Transition
 from agentgym.parsing import TagMatch, first_tag, last_tag_content, parse_tool_calls
 from agentgym.rewards import CallCost, InvalidActionPenalty, TokenF1
-from agentgym.envs.retrieval.base import Hit, format_passages
+from agentgym.envs.retrieval.base import format_passages
 from agentgym.envs.retrieval.shared import get_retriever
 from agentgym.envs.searchqa.rewards import (DEFAULT_WEIGHTS, SearchR1FormatReward, _gold_in,  # noqa: F401
                                          search_r1_format_valid, useful_search)  # (re-exported from here too)
@@ -267,6 +267,8 @@ class SearchQAEnv(AgentEnv):
     # -- AgentEnv API
     def get_task(self, index: int) -> dict[str, Any]:
         task = dict(self.questions[index])
+        if isinstance(task.get("answers"), (str, int, float)):   # one answer given bare: one answer, not its letters
+            task["answers"] = [str(task["answers"])]
         if self.oracle_two_hop > 0 and _share_hash(str(task.get("id", index))) < self.oracle_two_hop:
             bridges = self._bridges(task)
             if bridges:
@@ -280,7 +282,8 @@ class SearchQAEnv(AgentEnv):
         if len(golds) < 2 or not self.corpus:
             return []
         if getattr(self, "_titles", None) is None:
-            self._titles = {str(d["id"]): Hit(str(d["id"]), d["contents"], 0.0).title.strip('"') for d in self.corpus}
+            from agentgym.envs.searchqa.data import split_title
+            self._titles = {str(d["id"]): split_title(d["contents"])[0] for d in self.corpus}
         return [t for t in (self._titles.get(g, "") for g in golds[1:]) if t]
 
     def _uses_parquet_prompt(self, task: Mapping[str, Any]) -> bool:
