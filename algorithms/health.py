@@ -55,7 +55,8 @@ class HealthConfig:
         for name in ("entropy_drop", "length_drop", "no_signal_share"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"health.{name} must be in (0, 1], got {getattr(self, name)}")
-        if not isinstance(self.action_floors, dict) or any(v < 0 for v in self.action_floors.values()):
+        if not isinstance(self.action_floors, dict) or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in self.action_floors.values()):
             raise ValueError(f"health.action_floors must map action kinds to floors >= 0, got {self.action_floors!r}")
 
 

@@ -32,7 +32,7 @@ from agentgym.threads import recheck as recheck_threads
 
 from agentgym.algorithms.catalog import make_learner
 from agentgym.algorithms.curves import held_out_gain, plot_curves
-from agentgym.algorithms.health import Alarm, HealthMonitor, batch_health
+from agentgym.algorithms.health import HealthMonitor, batch_health
 from agentgym.algorithms.overlap import Prefetcher
 from agentgym.algorithms.run_control import (TrainingInterrupted, WholeSteps, checkpoint_step, finished_run,
                                              interrupted_run, latest_checkpoint)
@@ -211,7 +211,7 @@ class Trainer:
         random.setstate(state["python_rng"])
         h = json.loads((d / "history.json").read_text())
         self.history, self.evals = h["history"], h["evals"]
-        self.health.rows, self.health.alarms = list(self.history), [Alarm(**a) for a in h.get("alarms", [])]
+        self.health.load_state_dict({"rows": self.history, "alarms": h.get("alarms", [])})
         if self.cfg.max_staleness and (d / "batch_ahead.pt").exists():
             self.sampling.put(torch.load(d / "batch_ahead.pt", weights_only=False))
 

@@ -111,3 +111,9 @@ def test_a_run_logs_health_marks_alarms_and_reports_them(tmp_path):
     assert all(any(f"WARNING step {a['step']}" in line for line in logged) for a in alarms)
     html = (out / "eval_trajectories.html").read_text()
     assert "training health" in html and "data:image/png;base64," in html
+
+
+def test_a_non_numeric_action_floor_is_a_clear_config_error():
+    for bad in ({"search": "x"}, {"search": None}, {"search": True}, {"search": -0.1}):
+        with pytest.raises(ValueError, match="health.action_floors must map action kinds to floors >= 0"):
+            HealthConfig(action_floors=bad)
