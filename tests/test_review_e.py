@@ -39,6 +39,9 @@ def test_ctrl_c_while_waiting_for_the_batch_ahead_keeps_it_for_the_checkpoint():
 
     p = Prefetcher(collect)
     p.start(5, version=4)
+    # Python's own Ctrl-C handler, as in a fresh `agentgym train`: an earlier test in the same process
+    # (a local Ray cluster's driver) may have left its own SIGINT handler, which does not raise
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -47,6 +50,7 @@ def test_ctrl_c_while_waiting_for_the_batch_ahead_keeps_it_for_the_checkpoint():
     finally:
         timer.cancel()
         release.set()
+        signal.signal(signal.SIGINT, previous)
     kept = p.pending()                 # what the trainer's save_checkpoint stores as batch_ahead.pt
     assert kept is not None and (kept.step, kept.batch, kept.version) == (5, "batch5", 4)
     assert p.take(5, version=5).batch == "batch5" and p.pending() is None
