@@ -19,6 +19,14 @@ class StepRecord:
     info: Mapping[str, Any] = field(default_factory=dict)
 
 
+def gold_answers(answers: Any) -> list[str]:
+    """Gold answers as a list of strings: one answer given bare (``"Paris"``, ``1914``) is one answer,
+    never the letters of a string."""
+    if isinstance(answers, (str, int, float)):
+        return [str(answers)]
+    return [str(a) for a in answers]
+
+
 @dataclass(frozen=True)
 class StepEvent:
     """Everything a shaper may look at for one step.
@@ -56,10 +64,7 @@ class StepEvent:
 
     @property
     def gold(self) -> list[str]:
-        g = self.task.get("answers", self.task.get("answer", []))
-        if isinstance(g, (str, int, float)):
-            return [str(g)]
-        return [str(x) for x in g]
+        return gold_answers(self.task.get("answers", self.task.get("answer", [])))
 
 
 @runtime_checkable

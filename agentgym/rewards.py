@@ -36,13 +36,14 @@ from __future__ import annotations
 from agentgym.group_rewards import (AnswerDiversity, GroupMember, GroupReward, GroupShaper, SharedWrongAnswer,
                                     apply_group_reward, group_shaper)
 from agentgym.reward_spec import load_shaper, resolve_reward
-from agentgym.reward_terms import PotentialShaper, Reward, RewardShaper, StepEvent, StepRecord, potential_shaper, shaper
+from agentgym.reward_terms import (PotentialShaper, Reward, RewardShaper, StepEvent, StepRecord, gold_answers,
+                                   potential_shaper, shaper)
 from agentgym.shapers import (CallCost, ExactMatch, FormatCompliance, InvalidActionPenalty, LengthPenalty, TokenF1,
                               TurnLimitPenalty, exact_match, normalize_answer, token_f1)
 
 __all__ = [
     "StepEvent", "StepRecord", "RewardShaper", "shaper", "Reward",
-    "normalize_answer", "exact_match", "token_f1",
+    "normalize_answer", "exact_match", "token_f1", "gold_answers",
     "ExactMatch", "TokenF1", "FormatCompliance", "CallCost", "InvalidActionPenalty",
     "LengthPenalty", "TurnLimitPenalty",
     "GroupMember", "GroupShaper", "group_shaper", "GroupReward", "apply_group_reward",

@@ -88,10 +88,15 @@ def make_learner(name: str, policy: Any, config: Any = None, *, separate_sampler
     return cls(policy, config, separate_sampler=separate_sampler, fsdp=fsdp, precision=precision)
 
 
+def learner_estimator(name: str) -> type | None:
+    """The advantage estimator class of the registered learner ``name`` (None: no such learner or estimator)."""
+    cls = LEARNERS.get(str(name).lower())
+    return ADVANTAGES.get(cls.advantage_name) if cls is not None else None
+
+
 def learner_needs_groups(name: str) -> bool:
     """Whether the learner ``name`` compares trajectories within groups (so needs ``group_size > 1``)."""
-    cls = LEARNERS.get(str(name).lower())
-    adv = ADVANTAGES.get(cls.advantage_name) if cls is not None else None
+    adv = learner_estimator(name)
     return bool(adv is not None and adv.needs_groups)
 
 

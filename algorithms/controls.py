@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from agentgym.algorithms.advantages import ADVANTAGES, AdvantageInputs, GroupSettings, ReturnSettings, register_advantage
-from agentgym.algorithms.catalog import LEARNERS, register_learner
+from agentgym.algorithms.catalog import learner_estimator, register_learner
 from agentgym.algorithms.returns import episode_returns, group_normalize
 
 __all__ = ["shuffled_group_advantage", "donor_indices", "is_negative_control_learner"]
@@ -80,6 +80,4 @@ register_learner("grpo-shuffled", advantage="shuffled-group", objective="clip")
 
 def is_negative_control_learner(name: str) -> bool:
     """Whether the registered learner ``name`` is a negative control (its estimator says so)."""
-    cls = LEARNERS.get(str(name).lower())
-    adv = ADVANTAGES.get(cls.advantage_name) if cls is not None else None
-    return bool(adv is not None and getattr(adv, "negative_control", False))
+    return bool(getattr(learner_estimator(name), "negative_control", False))

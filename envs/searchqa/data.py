@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+from agentgym.rewards import gold_answers
 from agentgym.envs.searchqa.questions import DEFAULT_MIX, make_questions, question_pool_sizes
 from agentgym.envs.searchqa.world import build_world
 
@@ -137,11 +138,6 @@ def bundled_dataset(seed: int = 0, size: str | int = "small") -> tuple[list[dict
 
 
 # ----------------------------------------------------------------------------- Search-R1 parquet
-
-def _answer_list(answers: Any) -> list[str]:
-    """Gold answers as a list of strings: one answer given bare (``"Paris"``) is one answer, not its letters."""
-    return [str(answers)] if isinstance(answers, (str, int, float)) else [str(a) for a in answers]
-
 def to_search_r1_rows(questions: Iterable[Mapping[str, Any]], data_source: str, split: str,
                       make_prompt: Callable[[str], str]) -> list[dict]:
     """Search-R1 / verl parquet rows for question rows.
@@ -158,7 +154,7 @@ def to_search_r1_rows(questions: Iterable[Mapping[str, Any]], data_source: str, 
             "data_source": data_source,
             "prompt": [{"role": "user", "content": make_prompt(q["question"])}],
             "ability": "fact-reasoning",
-            "reward_model": {"style": "rule", "ground_truth": {"target": _answer_list(q["answers"])}},
+            "reward_model": {"style": "rule", "ground_truth": {"target": gold_answers(q["answers"])}},
             "extra_info": {
                 "split": split, "index": i, "question": q["question"],
                 "id": str(q.get("id", f"{data_source}-{split}-{i}")),

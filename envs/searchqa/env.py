@@ -21,7 +21,7 @@ import numpy as np
 
 from agentgym import AgentEnv, Reward, Tool, ToolSet, Transition
 from agentgym.parsing import TagMatch, first_tag, last_tag_content, parse_tool_calls
-from agentgym.rewards import CallCost, InvalidActionPenalty, TokenF1
+from agentgym.rewards import CallCost, InvalidActionPenalty, TokenF1, gold_answers
 from agentgym.envs.retrieval.base import format_passages
 from agentgym.envs.retrieval.shared import get_retriever
 from agentgym.envs.searchqa.rewards import (DEFAULT_WEIGHTS, SearchR1FormatReward, _gold_in,  # noqa: F401
@@ -268,7 +268,7 @@ class SearchQAEnv(AgentEnv):
     def get_task(self, index: int) -> dict[str, Any]:
         task = dict(self.questions[index])
         if isinstance(task.get("answers"), (str, int, float)):   # one answer given bare: one answer, not its letters
-            task["answers"] = [str(task["answers"])]
+            task["answers"] = gold_answers(task["answers"])
         if self.oracle_two_hop > 0 and _share_hash(str(task.get("id", index))) < self.oracle_two_hop:
             bridges = self._bridges(task)
             if bridges:
