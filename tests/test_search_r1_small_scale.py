@@ -187,3 +187,37 @@ def test_ctrl_c_prints_one_line_exits_130_and_resume_continues(tmp_path):
     assert "eval (a) no search" not in r.stdout and "eval (c) SFT only" in r.stdout   # only what was left ran
     result = _check_outputs(tmp_path / "out", ["none_base", "rag_base", "sft", "grpo_masked"], questions=3)
     assert result["meta"]["resumed"] == ["none_base", "rag_base"]
+
+
+def test_killed_rl_run_resumes_from_its_last_checkpoint(tmp_path):
+    """A session killed (SIGKILL: no handler runs) during an RL run: --resume continues that run from its
+    last periodic checkpoint (--checkpoint-every), not from step 0, and the run ends with every step."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    runs = tmp_path / "runs"
+    args = ["--quick", "--model", "tiny-random", "--retriever", "bm25", "--threads", "1", "--eval-per-type", "1",
+            "--arms", "grpo_masked", "--steps", "4", "--checkpoint-every", "1", "--n-boot", "200",
+            "--out", str(tmp_path / "out"), "--runs-dir", str(runs)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    ckpts = runs / "grpo_masked_seed0" / "checkpoints"
+    with (tmp_path / "first.txt").open("w") as log:
+        p = subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=log, stderr=subprocess.STDOUT,
+                             env=env, cwd=tmp_path, start_new_session=True)
+        deadline = time.monotonic() + 300
+        from agentgym.algorithms.run_control import latest_checkpoint
+        while latest_checkpoint(ckpts.parent) is None:   # a whole one (a checkpoint is written aside, then renamed)
+            assert time.monotonic() < deadline and p.poll() is None, (tmp_path / "first.txt").read_text()[-3000:]
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=60)
+    r = subprocess.run([sys.executable, str(SCRIPT), *args, "--resume"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "[grpo_masked_seed0] continuing from" in r.stdout and "/checkpoints/step_" in r.stdout, \
+        (tmp_path / "first.txt").read_text()[-3000:] + r.stdout[-3000:]
+    result = _check_outputs(tmp_path / "out", ["none_base", "rag_base", "sft", "grpo_masked"], questions=3)
+    assert [int(row["step"]) for row in result["rl"]["grpo_masked"][0]["history"]] == [1, 2, 3, 4]
+    assert not ckpts.exists()   # deleted once the run finished: not kept

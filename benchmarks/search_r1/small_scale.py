@@ -24,9 +24,10 @@ Writes ``OUT/small_scale.json`` (config, machine, load, command, wall time per p
 per-question result), ``OUT/small_scale.md`` (the tables) and ``OUT/small_scale.png``; ``OUT`` is
 ``runs/search_r1_small/results`` unless ``--out`` says otherwise (the committed study in
 ``benchmarks/search_r1/results`` changes only when it is named). The runs' own artifacts go under
-``--runs-dir`` (gitignored ``runs/``; RL checkpoints are deleted after each run unless
+``--runs-dir`` (gitignored ``runs/``; RL checkpoints, every ``--checkpoint-every`` steps, are deleted after each run unless
 ``--keep-checkpoints``), with ``progress.json``: every finished phase, so that Ctrl-C (one line, exit
-130) or a killed session loses only the phase under way and ``--resume`` continues.
+130) or a killed session loses only the phase under way (an RL run: only the steps since its last
+checkpoint) and ``--resume`` continues.
 
     python benchmarks/search_r1/small_scale.py --threads 1           # the default study
     python benchmarks/search_r1/small_scale.py --threads 1 --quick   # smoke run (minutes)
@@ -106,6 +107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2 questions per type, 8 SFT episodes, 1 seed, 1 RL step of 1x2")
     p.add_argument("--keep-checkpoints", action="store_true")
+    p.add_argument("--checkpoint-every", type=int, default=5, metavar="N",
+                   help="RL runs checkpoint every N steps, so that --resume continues a run a killed session "
+                        "stopped from its last checkpoint instead of from step 0 (0: no periodic checkpoint)")
     p.add_argument("--replot", default=None, metavar="JSON",
                    help="recompute statistics, table and PNG from a finished run's small_scale.json (no training)")
     p.add_argument("--n-boot", type=int, default=10_000)
@@ -197,18 +201,25 @@ def run_sft(args: argparse.Namespace, cfg: Any, runs_dir: Path) -> tuple[dict, A
     return _run_sft(sft_cfg, overwrite=True), sft_cfg
 
 
-def run_rl(policy: Any, cfg: Any, algo: str, mask: bool, seed: int, out_dir: Path, keep_ckpt: bool) -> dict:
-    """One RL run from the policy's current weights (trained in place); its held-out eval is ours."""
+def run_rl(policy: Any, cfg: Any, algo: str, mask: bool, seed: int, out_dir: Path, keep_ckpt: bool,
+           checkpoint_every: int = 0, resume: bool = False) -> dict:
+    """One RL run from the policy's current weights (trained in place); its held-out eval is ours.
+
+    ``resume``: continue the run in ``out_dir`` from its last checkpoint (a session killed mid-run), if it
+    has one; otherwise (and without ``resume``) the run starts from step 0 and replaces what is there."""
     from agentgym.algorithms.trainer import Trainer
     learner = replace(cfg.learner, mask_env_tokens=mask, seed=seed)
     if algo == "ppo":   # Search-R1 PPO: KL in the reward, k1 estimator; GAE gamma = lam = 1 (the defaults)
         learner = replace(learner, kl_in="reward", kl_estimator="k1")
     run_cfg = replace(cfg, algo=algo, seed=seed, learner=learner, output_dir=str(out_dir),
-                      eval=replace(cfg.eval, episodes=1))
+                      eval=replace(cfg.eval, episodes=1), checkpoint_every=checkpoint_every, keep_checkpoints=1)
     name = out_dir.name
     trainer = Trainer(run_cfg, policy=policy, log=lambda s: log(f"  [{name}] {s}"))
     trainer.evals = [{"tag": "before", "step": 0.0}]   # no step-0 eval: the SFT-only arm is that eval
-    result = trainer.train(overwrite=True)
+    resume = resume and trainer.latest_checkpoint() is not None
+    if resume:
+        log(f"  [{name}] continuing from {trainer.latest_checkpoint()}")
+    result = trainer.train(resume=resume, overwrite=not resume)
     for row in result["history"]:
         log(f"  [{name}] step {int(row['step'])}: reward {row['rollout/reward_mean']:+.3f} "
             f"success {row['rollout/success_rate']:.3f} searches {row['rollout/tool_calls_mean']:.2f} "
@@ -494,14 +505,15 @@ class Progress:
         if not done:
             return "no phase had finished, nothing to keep; run the same command again"
         return (f"kept {len(done)} finished phase(s) ({', '.join(done)}) in {self.path}; run the same "
-                "command with --resume to continue (the phase under way starts again)")
+                "command with --resume to continue (an RL run under way goes on from its last checkpoint; "
+                "any other phase under way starts again)")
 
 
 def fingerprint(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
     """What ``--resume`` requires to be unchanged: the resolved config and the flags that shape the study
     (not where the outputs go, threads, bootstrap resamples or checkpoint keeping)."""
     from agentgym.config import to_dict
-    free = {"out", "resume", "replot", "threads", "keep_checkpoints", "n_boot", "override"}  # override: in cfg
+    free = {"out", "resume", "replot", "threads", "keep_checkpoints", "checkpoint_every", "n_boot", "override"}  # override: in cfg
     return {"config": to_dict(cfg), "args": {k: v for k, v in vars(args).items() if k not in free}}
 
 
@@ -608,7 +620,8 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
             log(f"RL {name}: {algo}, mask_env_tokens={mask}, {cfg.steps} steps")
             policy.model.load_state_dict(sft_state)
             t0 = time.perf_counter()
-            run = run_rl(policy, cfg, algo, mask, seed, runs_dir / name, args.keep_checkpoints)
+            run = run_rl(policy, cfg, algo, mask, seed, runs_dir / name, args.keep_checkpoints,
+                         checkpoint_every=args.checkpoint_every, resume=args.resume)
             timings[f"rl_{name}"] = time.perf_counter() - t0
             log(f"  {name}: {timings[f'rl_{name}']:.0f} s, process RSS {rss_gb():.1f} GiB")
             recs = timed_eval(policy, name, "agentic")
