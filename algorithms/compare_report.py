@@ -16,7 +16,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agentgym.app.stats import diff_ci, format_ci, mean_ci, min_detectable_difference, verdict, without_undefined
+from agentgym.app.stats import (diff_ci, format_ci, mean_ci, min_detectable_difference, paired_bootstrap_ci,
+                                paired_diff_ci, paired_min_detectable, verdict, without_undefined)
 
 from agentgym.algorithms.compare_arms import RunRecord, Variant
 from agentgym.algorithms.trainer import TrainConfig
@@ -108,9 +109,12 @@ def summarize_runs(records: Sequence[RunRecord], variants: Sequence[Variant], pe
                                "eval_success_after": [_g(r.after, "eval/success_rate") for r in runs]}),
             "per_seed": {"final_reward": rewards[:, -1].tolist(), "auc_reward": np.nanmean(rewards, axis=1).tolist(),
                          "eval_success_after": [_g(r.after, "eval/success_rate") for r in runs]},
+            # per seed, each held-out task's success after training (the paired analysis pairs seeds and tasks)
+            "eval_successes_after": {str(r.seed): list(r.after.get("successes", [])) for r in runs},
         }
     out["_reference"] = {"r0": r0, "best_final": best, "target": target}
     out["_differences"] = _pairwise_differences(out)
+    out["_paired"] = _paired_differences(out)
     return out
 
 
@@ -149,6 +153,67 @@ def _pairwise_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
                              "verdict": verdict(raw), "undefined": reason,
                              "min_detectable": min_detectable_difference(xa, xb)})
     return rows
+
+
+def _paired_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Held-out success after training, every pair of variants, paired twice (the arms share seeds and
+    eval tasks: a seed fixes the training tasks, the initial model and the eval tasks):
+
+    - *over seeds*: Student's t interval of the per-seed differences, on the seeds both variants ran
+      (:func:`~agentgym.app.stats.paired_diff_ci`), with its smallest detectable difference;
+    - *over tasks*: percentile bootstrap over the eval tasks of each task's success averaged over those
+      seeds (:func:`~agentgym.app.stats.paired_bootstrap_ci`), the seeds held fixed.
+
+    ``verdict``: *separated* when both intervals exclude 0 on the same side, *noise* when neither does,
+    *one of two* when only one does, *n/a* when either interval does not exist."""
+    labels = [k for k in summary if not k.startswith("_")]
+    rows = []
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            sa, sb = summary[a]["eval_successes_after"], summary[b]["eval_successes_after"]
+            seeds = [k for k in sa if k in sb and sa[k] and len(sa[k]) == len(sb[k])]
+            if not seeds:
+                continue
+            by_seed = [(float(np.mean(sa[k])), float(np.mean(sb[k]))) for k in seeds]
+            xa, xb = [p[0] for p in by_seed], [p[1] for p in by_seed]
+            raw_seeds = paired_diff_ci(xa, xb)
+            seeds_ci, seeds_why = without_undefined(raw_seeds, len(seeds))
+            ta, tb = np.mean([sa[k] for k in seeds], axis=0), np.mean([sb[k] for k in seeds], axis=0)
+            raw_tasks = paired_bootstrap_ci(ta, tb)
+            tasks_ci, tasks_why = without_undefined(raw_tasks, len(ta), unit="task")
+            verdicts = (verdict(raw_seeds), verdict(raw_tasks))
+            if "n/a" in verdicts:
+                both = "n/a"
+            elif verdicts == ("significant", "significant") and (seeds_ci[1] > 0) == (tasks_ci[1] > 0):
+                both = "separated"
+            else:
+                both = "noise" if verdicts == ("noise", "noise") else "one of two"
+            rows.append({"a": a, "b": b, "metric": "eval_success_after", "diff": raw_seeds[0],
+                         "seeds": [int(k) for k in seeds], "tasks": int(len(ta)),
+                         "over_seeds": list(seeds_ci), "over_seeds_undefined": seeds_why,
+                         "over_seeds_min_detectable": paired_min_detectable(xa, xb),
+                         "over_tasks": list(tasks_ci), "over_tasks_undefined": tasks_why, "verdict": both})
+    return rows
+
+
+def _paired_lines(paired: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The paired table of :func:`_paired_differences`."""
+    if not paired:
+        return []
+    lines = ["**Held-out success after training, paired** (the arms share seeds and eval tasks, so each "
+             "seed's runs and each task's outcomes are compared directly; a paired interval is narrower than "
+             "Welch's above when seeds or tasks differ in difficulty. *over seeds*: t interval of the per-seed "
+             "differences; *over tasks*: bootstrap over tasks of the seed-averaged success, seeds held fixed; "
+             "*separated*: both exclude 0, *one of two*: only one does):", "",
+             "| a − b | difference | over seeds, 95 % CI | smallest detectable over seeds (80 % power) "
+             "| over tasks, 95 % CI | verdict |", "|---|---:|---:|---:|---:|---|"]
+    for d in paired:
+        mdd = d["over_seeds_min_detectable"]
+        lines.append(f"| `{d['a']}` − `{d['b']}` | {d['diff']:+.3f} | "
+                     f"{_fmt_ci((d['diff'], *d['over_seeds'][1:]), d['over_seeds_undefined'])} ({len(d['seeds'])} seeds) | "
+                     f"{'n/a' if math.isnan(mdd) else f'{mdd:.3f}'} | "
+                     f"{_fmt_ci(tuple(d['over_tasks']), d['over_tasks_undefined'])} ({d['tasks']} tasks) | {d['verdict']} |")
+    return lines + [""]
 
 
 def write_csv(records: Sequence[RunRecord], per_step: int, path: Path) -> None:
@@ -285,7 +350,8 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
                   + (f"; {undefined} have no interval (n/a) and are not judged" if undefined else "")
                   + ("; the rest cannot be told apart from seed noise with this budget." if rest
                      else "." if undefined else "; all separate from seed noise."), ""]
-        lines += _power_lines(diffs, len(seeds)) + _control_lines(diffs)
+        lines += _power_lines(diffs, len(seeds)) + _paired_lines(summary.get("_paired", []))
+        lines += _control_lines(diffs, summary.get("_paired", []))
     return "\n".join(lines)
 
 
@@ -307,18 +373,24 @@ def is_negative_control(label: str) -> bool:
     return is_negative_control_learner(algo.strip())
 
 
-def _control_lines(diffs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Every learner against the negative control(s): separated (CI excluding 0) or not."""
+def _control_lines(diffs: Sequence[Mapping[str, Any]], paired: Sequence[Mapping[str, Any]] = ()) -> list[str]:
+    """Every learner against the negative control(s): separated (CI excluding 0) or not; for held-out
+    success, also the paired verdict (:func:`_paired_differences`)."""
     rows = [d for d in diffs if is_negative_control(d["a"]) != is_negative_control(d["b"])]
     if not rows:
         return []
+    by_pair = {(p["a"], p["b"]): p for p in paired}
     out = ["**Against the negative control** (samples and updates, cannot learn from its own actions):", ""]
     for d in rows:
         learner, control = (d["b"], d["a"]) if is_negative_control(d["a"]) else (d["a"], d["b"])
         sign = -1.0 if is_negative_control(d["a"]) else 1.0
-        out.append(f"- `{learner}` vs `{control}`, {d['metric']}: {sign * d['diff']:+.3f} — "
-                   + {"significant": "separated from the control", "noise": "not separated (noise)",
-                      "n/a": "no interval"}[d["verdict"]])
+        line = (f"- `{learner}` vs `{control}`, {d['metric']}: {sign * d['diff'] + 0.0:+.3f} — "
+                + {"significant": "separated from the control", "noise": "not separated (noise)",
+                   "n/a": "no interval"}[d["verdict"]] + " (Welch)")
+        p = by_pair.get((d["a"], d["b"])) if d["metric"] == "eval_success_after" else None
+        if p is not None:
+            line += f"; paired over seeds and tasks: {p['verdict']}"
+        out.append(line)
     return out + [""]
 
 

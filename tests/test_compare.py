@@ -11,6 +11,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agentgym.algorithms import compare as cmp
@@ -186,3 +187,46 @@ def test_undefined_intervals_are_reported_as_such_never_as_significant():
     assert "*n/a (seeds agree: no spread)*: every seed gave the same value" in md      # the legend
     assert "0 of 9 differences are significant at 95 %; 9 have no interval (n/a) and are not judged." in md
 
+
+
+def _eval_record(label: str, seed: int, successes: list[float]) -> RunRecord:
+    rec = _record(label, seed, [0.0, 0.5])
+    rec.after = {"eval/success_rate": float(np.mean(successes)), "successes": list(successes)}
+    return rec
+
+
+def test_held_out_success_is_also_compared_paired_over_seeds_and_tasks():
+    """Arms that share seeds and eval tasks: per pair, a t interval over the per-seed differences and a
+    bootstrap over tasks; 'separated' only when both exclude 0, and the control lines say so."""
+    from agentgym.algorithms.compare import markdown_table
+    from agentgym.algorithms.trainer import TrainConfig
+    rng = np.random.default_rng(0)
+    # 40 tasks; a seed's difficulty moves both arms alike; the learner solves 8 more tasks than the control
+    runs = []
+    for seed in range(4):
+        easy = 6 + 7 * seed
+        control = [1.0] * easy + [0.0] * (40 - easy)
+        learner = [1.0] * (easy + 8 + (seed % 2)) + [0.0] * (40 - easy - 8 - (seed % 2))
+        noisy = list(rng.permutation(control))          # same mean as the control, other tasks
+        runs += [_eval_record("grpo", seed, learner), _eval_record("grpo-shuffled", seed, control),
+                 _eval_record("noisy", seed, noisy)]
+    variants = [Variant(v, v) for v in ("grpo", "grpo-shuffled", "noisy")]
+    s = summarize_runs(runs, variants, per_step=4, threshold=0.8)
+    paired = {(p["a"], p["b"]): p for p in s["_paired"]}
+    p = paired[("grpo", "grpo-shuffled")]
+    assert p["seeds"] == [0, 1, 2, 3] and p["tasks"] == 40
+    assert p["diff"] == pytest.approx((8 + 9 + 8 + 9) / 4 / 40)
+    assert p["over_seeds"][1] > 0 and p["over_tasks"][1] > 0 and p["verdict"] == "separated"
+    # Welch over the same per-seed values cannot separate them: the seeds' spread swamps the difference
+    welch = next(d for d in s["_differences"] if (d["a"], d["b"], d["metric"]) == ("grpo", "grpo-shuffled", "eval_success_after"))
+    assert welch["verdict"] == "noise"
+    same = paired[("grpo-shuffled", "noisy")]
+    assert same["diff"] == 0.0 and same["verdict"] in ("noise", "n/a")
+    md = markdown_table(s, TrainConfig(), [0, 1, 2, 3], 2, 4, 0.8, "yes")
+    assert "**Held-out success after training, paired**" in md
+    diff = f"{p['diff']:+.3f}"
+    assert f"| `grpo` − `grpo-shuffled` | {diff} |" in md and "(4 seeds)" in md and "(40 tasks) | separated |" in md
+    assert (f"- `grpo` vs `grpo-shuffled`, eval_success_after: {welch['diff']:+.3f} — not separated (noise) (Welch); "
+            "paired over seeds and tasks: separated") in md
+    back = json.loads(json.dumps(s, default=cmp._json_default))       # what compare.json holds
+    assert back["_paired"][0]["verdict"] == "separated"

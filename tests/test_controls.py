@@ -86,4 +86,5 @@ def test_compare_runs_the_control_and_reports_every_learner_against_it(tmp_path,
                "tensorboard=false", "env_kwargs={hard_fraction: 0.0, max_turns: 1}"])
     assert rc == 0, capsys.readouterr().err
     md = (out / "compare.md").read_text()
+    assert "**Held-out success after training, paired**" in md and "paired over seeds and tasks:" in md
     assert "**Against the negative control**" in md and "- `grpo` vs `grpo-shuffled`, final_reward:" in md

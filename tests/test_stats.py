@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from agentgym.app.stats import (bootstrap_ci, diff_ci, mean_ci, min_detectable_difference, paired_bootstrap_ci, t_quantile,
-                            verdict)
+from agentgym.app.stats import (bootstrap_ci, diff_ci, mean_ci, min_detectable_difference, paired_bootstrap_ci,
+                                paired_diff_ci, paired_min_detectable, t_quantile, verdict)
 
 
 def test_t_interval_by_hand():
@@ -103,3 +103,18 @@ def test_zero_width_and_one_value_intervals_are_undefined_not_exact():
     assert paired == (1.0, 1.0, 1.0) and verdict(paired) == "n/a"
     assert format_ci(paired, 4, "task") == "n/a (tasks agree: no spread)"
     assert format_ci(bootstrap_ci([1.0]), 1, "question") == "n/a (1 question)"
+
+
+def test_paired_over_seeds_by_hand_and_narrower_than_welch_when_seeds_differ():
+    # differences 1, 2, 3: mean 2, sd 1, n 3 -> half-width t(0.975, 2) / sqrt(3) = 2.4841
+    d, lo, hi = paired_diff_ci([2.0, 4.0, 6.0], [1.0, 2.0, 3.0])
+    assert d == 2.0 and lo == pytest.approx(2 - 2.48414, abs=1e-4) and hi == pytest.approx(2 + 2.48414, abs=1e-4)
+    # (t(0.975, 2) + t(0.8, 2)) * 1 / sqrt(3) = (4.3027 + 1.0607) / 1.7321
+    assert paired_min_detectable([2.0, 4.0, 6.0], [1.0, 2.0, 3.0]) == pytest.approx(3.0966, abs=2e-3)
+    # seeds of very different difficulty, one arm always 0.1 ahead of the other on the same seed:
+    a, b = [0.30, 0.60, 0.91], [0.20, 0.50, 0.80]
+    assert verdict(diff_ci(a, b)) == "noise" and verdict(paired_diff_ci(a, b)) == "significant"
+    assert math.isnan(paired_min_detectable([1.0, 2.0], [0.0, 1.0]))       # equal differences: no spread
+    assert math.isnan(paired_diff_ci([1.0], [0.0])[1])
+    with pytest.raises(ValueError, match="same pairs"):
+        paired_diff_ci([1.0, 2.0], [1.0])

@@ -30,7 +30,8 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["mean_ci", "diff_ci", "bootstrap_ci", "paired_bootstrap_ci", "t_quantile", "verdict",
-           "undefined_reason", "format_ci", "without_undefined", "min_detectable_difference"]
+           "undefined_reason", "format_ci", "without_undefined", "min_detectable_difference", "paired_diff_ci",
+           "paired_min_detectable"]
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -99,6 +100,25 @@ def min_detectable_difference(a: Sequence[float], b: Sequence[float], level: flo
         return math.nan
     df = (vx + vy) ** 2 / (vx ** 2 / (x.size - 1) + vy ** 2 / (y.size - 1))
     return (t_quantile(0.5 + level / 2, df) + t_quantile(power, df)) * se
+
+
+def paired_diff_ci(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean(a − b), low, high): Student's t interval of the per-pair differences, for runs paired by seed
+    (the same seed: the same training tasks, initial model and eval tasks). Where seeds share difficulty,
+    it is narrower than Welch's :func:`diff_ci` on the same runs. NaN pairs are dropped."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.shape != y.shape:
+        raise ValueError(f"paired samples need the same pairs: {x.shape} vs {y.shape}")
+    return mean_ci(list(x - y), level)
+
+
+def paired_min_detectable(a: Sequence[float], b: Sequence[float], level: float = 0.95, power: float = 0.8) -> float:
+    """:func:`min_detectable_difference` for the paired t test of :func:`paired_diff_ci`:
+    (t_{1−α/2} + t_{power}) × sd(differences)/√n, n − 1 degrees of freedom. NaN under two pairs or no spread."""
+    d = _clean(np.asarray(a, dtype=float) - np.asarray(b, dtype=float))
+    if d.size < 2 or float(d.std(ddof=1)) == 0.0:
+        return math.nan
+    return (t_quantile(0.5 + level / 2, d.size - 1) + t_quantile(power, d.size - 1)) * float(d.std(ddof=1)) / math.sqrt(d.size)
 
 
 def bootstrap_ci(values: Sequence[float], level: float = 0.95, n_boot: int = 10_000,
