@@ -20,6 +20,7 @@ from agentgym.app.stats import (diff_ci, format_ci, mean_ci, min_detectable_diff
                                 paired_diff_ci, paired_min_detectable, verdict, without_undefined)
 
 from agentgym.algorithms.compare_arms import RunRecord, Variant
+from agentgym.algorithms.compare_health import health_lines, health_summary
 from agentgym.algorithms.trainer import TrainConfig
 
 __all__ = ["CSV_COLUMNS", "is_negative_control", "markdown_table", "plot_comparison", "summarize_runs",
@@ -115,6 +116,7 @@ def summarize_runs(records: Sequence[RunRecord], variants: Sequence[Variant], pe
     out["_reference"] = {"r0": r0, "best_final": best, "target": target}
     out["_differences"] = _pairwise_differences(out)
     out["_paired"] = _paired_differences(out)
+    out["_health"] = health_summary(records, list(groups))
     return out
 
 
@@ -331,6 +333,7 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
               "no spread to estimate; *n/a (seeds agree: no spread)*: every seed gave the same value, so the "
               "interval would have zero width, which means the seeds agreed, not that the value is exact. "
               "Neither is an interval, and a difference without one is never called significant.", ""]
+    lines += health_lines(summary.get("_health", {}))
     diffs = summary.get("_differences", [])
     if diffs:
         lines += ["**Which differences are significant** (difference of seed means, Welch 95 % interval; "

@@ -230,3 +230,32 @@ def test_held_out_success_is_also_compared_paired_over_seeds_and_tasks():
             "paired over seeds and tasks: separated") in md
     back = json.loads(json.dumps(s, default=cmp._json_default))       # what compare.json holds
     assert back["_paired"][0]["verdict"] == "separated"
+
+
+def test_training_health_table_says_signal_collapse_and_alarms(tmp_path):
+    """compare.md's health table: per arm, the seed mean of the share of groups without signal, entropy and
+    response length first → last, grad norm, infra-error episodes, and how many runs raised each alarm
+    (read from each run's alarms.json)."""
+    from agentgym.algorithms.compare import markdown_table
+    from agentgym.algorithms.trainer import TrainConfig
+    runs = []
+    for seed, (zv, ent) in enumerate([([1.0, 0.5], [2.0, 1.0]), ([0.5, 0.0], [2.0, 0.5])]):
+        rec = _record("grpo", seed, [0.0, 0.5])
+        for row, z, e in zip(rec.history, zv, ent):
+            row.update({"health/zero_var_groups": z, "train/entropy": e, "health/response_tokens": 40.0 - 10 * z,
+                        "train/grad_norm": 1.0, "rollout/infra_errors": 1.0})
+        rec.output_dir = str(tmp_path / f"grpo{seed}")
+        Path(rec.output_dir).mkdir()
+        rules = ["no_signal", "entropy_drop"] if seed == 0 else ["no_signal"]
+        Path(rec.output_dir, "alarms.json").write_text(json.dumps([{"step": 2, "rule": r, "message": ""} for r in rules]))
+        runs.append(rec)
+    runs.append(_record("ppo", 0, [0.0, 0.5]))      # no health keys, no run directory: shown as —, no alarms
+    s = summarize_runs(runs, [Variant("grpo", "grpo"), Variant("ppo", "ppo")], per_step=4, threshold=0.8)
+    h = s["_health"]["grpo"]
+    assert h["zero_var_groups"] == pytest.approx((0.75 + 0.25) / 2)
+    assert (h["entropy_first"], h["entropy_last"]) == pytest.approx((2.0, 0.75))
+    assert h["infra_errors"] == 2.0 and h["alarms"] == {"entropy_drop": 1, "no_signal": 2}
+    assert math.isnan(s["_health"]["ppo"]["zero_var_groups"]) and s["_health"]["ppo"]["alarms"] == {}
+    md = markdown_table(s, TrainConfig(), [0, 1], 2, 4, 0.8, "yes")
+    assert "| `grpo` | 0.50 | 2.00 → 0.75 | 32.5 → 37.5 | 1.00 | 2.0 | entropy_drop 1/2, no_signal 2/2 |" in md
+    assert "| `ppo` | — | — → — | — → — | — | — | none |" in md
