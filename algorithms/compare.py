@@ -155,8 +155,12 @@ def _run_one(cfg: TrainConfig, variant: Variant, policies: _PolicySource, log: C
 def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps: int, *, env: str | None = None,
             config: str | Path | None = None, overrides: Sequence[str] = (), out_dir: str | Path = "runs/compare",
             keep_checkpoints: bool = False, resume: bool = False, threshold: float = 0.8,
-            log: Callable[[str], None] = print, overwrite: bool = False) -> dict[str, Any]:
+            log: Callable[[str], None] = print, overwrite: bool = False, report_only: bool = False) -> dict[str, Any]:
     """Run every variant on every seed and write the comparison artifacts into ``out_dir``.
+
+    ``report_only``: train nothing; write the artifacts from the runs already finished in ``out_dir``
+    (as ``resume`` would reuse them), on the seeds every variant has finished, naming what is left out:
+    a long study's interim report while other processes still run it.
 
     ``seeds``: a count n (seeds base, base+1, …, base+n-1 where base is the config's ``seed``) or an
     explicit list. ``resume``: reuse finished runs whose resolved config is unchanged (a run writes
@@ -176,11 +180,16 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
     log(f"[compare] {base.env}: {', '.join(v.label for v in variants)} × seeds {seeds} × {steps} steps; "
         f"{base.groups_per_step} groups × {base.group_size} = {per_step} episodes/step for every run; "
         f"model {base.model} -> {out}")
-    if not resume:
-        from agentgym.app.runs import prepare_output_dir
-        prepare_output_dir(out, overwrite=overwrite, command="compare")
-    out.mkdir(parents=True, exist_ok=True)
-    records = _run_all(configs, resume=resume, keep_checkpoints=keep_checkpoints, log=log)
+    if report_only:
+        if overwrite:
+            raise CompareError("--report-only and --overwrite exclude each other: the report reads the finished runs")
+        records, seeds = _finished_runs(configs, variants, log)
+    else:
+        if not resume:
+            from agentgym.app.runs import prepare_output_dir
+            prepare_output_dir(out, overwrite=overwrite, command="compare")
+        out.mkdir(parents=True, exist_ok=True)
+        records = _run_all(configs, resume=resume, keep_checkpoints=keep_checkpoints, log=log)
 
     check = _check_same_tasks(records)
     summary = summarize_runs(records, variants, per_step, threshold)
@@ -230,6 +239,30 @@ def _plan_runs(variants: Sequence[Variant], seeds: Sequence[int], steps: int, en
     return configs
 
 
+def _reusable(cfg: TrainConfig) -> RunRecord | None:
+    """The finished run in ``cfg.output_dir`` (its ``compare_run.json``) if it ran this very config."""
+    done_file = Path(cfg.output_dir) / "compare_run.json"
+    if not done_file.exists():
+        return None
+    old = json.loads(done_file.read_text())
+    return RunRecord(**old) if old.get("config") == to_dict(cfg) else None
+
+
+def _finished_runs(configs: Sequence[tuple[Variant, TrainConfig]], variants: Sequence[Variant],
+                   log: Callable[[str], None]) -> tuple[list[RunRecord], list[int]]:
+    """``report_only``: the finished runs on the seeds that every variant finished."""
+    found = {(v.label, cfg.seed): _reusable(cfg) for v, cfg in configs}
+    seeds = sorted({seed for _, seed in found})
+    complete = [s for s in seeds if all(found[(v.label, s)] is not None for v in variants)]
+    missing = [f"{label} seed {seed}" for (label, seed), rec in found.items() if rec is None]
+    if not complete:
+        raise CompareError(f"--report-only: no seed has a finished run of every variant in {configs[0][1].output_dir}"
+                           f"/..; not finished: {', '.join(missing)}")
+    if missing:
+        log(f"[compare] --report-only: not finished, left out: {', '.join(missing)}; the report covers seeds {complete}")
+    return [rec for (_, seed), rec in found.items() if seed in complete and rec is not None], complete
+
+
 def _run_all(configs: Sequence[tuple[Variant, TrainConfig]], *, resume: bool, keep_checkpoints: bool,
              log: Callable[[str], None]) -> list[RunRecord]:
     """Every planned run in order; with ``resume``, a finished run with an unchanged config is reused."""
@@ -238,12 +271,11 @@ def _run_all(configs: Sequence[tuple[Variant, TrainConfig]], *, resume: bool, ke
     for i, (v, cfg) in enumerate(configs, 1):
         head = f"[compare {i}/{len(configs)}] {v.label} seed={cfg.seed}"
         done_file = Path(cfg.output_dir) / "compare_run.json"
-        if resume and done_file.exists():
-            old = json.loads(done_file.read_text())
-            if old.get("config") == to_dict(cfg):
-                records.append(RunRecord(**old))
-                log(f"{head}: reused {done_file}")
-                continue
+        reused = _reusable(cfg) if resume else None
+        if reused is not None:
+            records.append(reused)
+            log(f"{head}: reused {done_file}")
+            continue
         log(f"{head} -> {cfg.output_dir}")
         rec = _run_one(cfg, v, policies, log)
         if not keep_checkpoints:

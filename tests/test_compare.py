@@ -259,3 +259,25 @@ def test_training_health_table_says_signal_collapse_and_alarms(tmp_path):
     md = markdown_table(s, TrainConfig(), [0, 1], 2, 4, 0.8, "yes")
     assert "| `grpo` | 0.50 | 2.00 → 0.75 | 32.5 → 37.5 | 1.00 | 2.0 | entropy_drop 1/2, no_signal 2/2 |" in md
     assert "| `ppo` | — | — → — | — → — | — | — | none |" in md
+
+
+def test_report_only_reports_the_finished_seeds_and_trains_nothing(tmp_path, capsys):
+    """A study run seed by seed: --report-only writes the report from the seeds every algo finished, names
+    the runs left out, and starts no run; with nothing finished it is a one-line error."""
+    out = tmp_path / "cmp"
+    args = ["compare", "--env", "Arithmetic-v0", "--algos", "reinforce,grpo", "--steps", "1", "--out", str(out), *TINY]
+    assert main([*args[:-len(TINY)], "--seeds", "0,", *TINY]) == 0
+    first = json.loads((out / "compare.json").read_text())
+    (out / "compare.json").unlink()
+    capsys.readouterr()
+    assert main([*args[:-len(TINY)], "--seeds", "2", "--report-only", *TINY]) == 0
+    printed = capsys.readouterr().out
+    assert "left out: reinforce seed 1, grpo seed 1; the report covers seeds [0]" in printed
+    assert "[compare 1/" not in printed and not (out / "reinforce" / "seed1").exists()     # nothing trained
+    report = json.loads((out / "compare.json").read_text())
+    assert report["seeds"] == [0] and report["summary"]["grpo"]["per_seed"] == first["summary"]["grpo"]["per_seed"]
+    empty = tmp_path / "empty"
+    assert main(["compare", "--env", "Arithmetic-v0", "--algos", "grpo", "--steps", "1", "--seeds", "1",
+                 "--out", str(empty), "--report-only", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "--report-only: no seed has a finished run of every variant" in err and "Traceback" not in err

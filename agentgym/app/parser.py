@@ -219,6 +219,9 @@ def add_compare(sub: Any) -> None:
     p.add_argument("--keep-checkpoints", action="store_true", help="keep each run's final checkpoint")
     p.add_argument("--resume", action="store_true", help="reuse finished runs whose resolved config is unchanged")
     p.add_argument("--overwrite", action="store_true", help="delete a previous comparison in --out and start afresh")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: write compare.md/csv/json/png from the runs already finished in --out, on "
+                        "the seeds every algo finished (an interim report of a study still running)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="TrainConfig overrides for every run")
     p.set_defaults(func=cmd_compare)
 

@@ -135,11 +135,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps must be one integer, got {args.steps!r}")
     if args.out is None:
         from agentgym.app.runs import default_output_dir
-        args.out = str(default_output_dir("runs/compare", resume=args.resume, overwrite=args.overwrite))
+        args.out = str(default_output_dir("runs/compare", resume=args.resume or args.report_only,
+                                          overwrite=args.overwrite))
     set_threads(args.threads, verbose=False)  # compare's own first line reports the setup
     result = compare(args.algos, _int_list(args.seeds, "--seeds"), steps, env=args.env, config=args.config,
                      overrides=args.overrides, out_dir=args.out, keep_checkpoints=args.keep_checkpoints,
-                     resume=args.resume, threshold=args.threshold, overwrite=args.overwrite)
+                     resume=args.resume, threshold=args.threshold, overwrite=args.overwrite,
+                     report_only=args.report_only)
     from pathlib import Path
     print(Path(result["paths"]["md"]).read_text())
     return 0

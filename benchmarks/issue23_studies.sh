@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The long studies of issue 23, each resumable: run one, stop it (Ctrl-C, a session ending), run it again.
+# Finished runs are reused (--resume); a Search-R1 v2 RL run goes on from its last checkpoint.
+# Results: benchmarks/RESULTS.md ("Algorithm comparison with a negative control") and
+# benchmarks/search_r1/README.md §8. One core each, at nice 10, so that two can share a 2-core machine.
+#
+#   bash benchmarks/issue23_studies.sh math           # Math-v0: 6 arms x 5 seeds x 30 steps (~11 min a run, 1 core)
+#   bash benchmarks/issue23_studies.sh search_r1_v2   # Search-R1 in a box v2 (~1-2 h an RL run, 9 RL runs)
+#   bash benchmarks/issue23_studies.sh searchqa       # SearchQA after SFT: 6 arms x 5 seeds (needs v2's SFT model)
+#   bash benchmarks/issue23_studies.sh report         # both comparisons' compare.md from the runs finished so far
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1
+RUNS=${RUNS:-runs}
+ARMS="reinforce,ppo,grpo,grpo:group_scale=false:loss_agg=seq-mean-token-sum,rloo,grpo-shuffled"
+MATH=(--env Math-v0 --steps 30 groups_per_step=2 group_size=4 eval.episodes=64)
+SFT_MODEL="$RUNS/search_r1_v2/sft/model"
+SEARCHQA=(--config benchmarks/search_r1/configs/smollm2_v2.yaml --steps 20 "model=$SFT_MODEL"
+          groups_per_step=2 group_size=5 eval.episodes=90 learner.lr=3e-6)
+
+compare() { nice -n 10 agentgym --threads 1 compare --algos "$ARMS" "$@"; }
+
+case "${1:-}" in
+  math)
+    for s in 0 1 2 3 4; do   # seed by seed: every finished seed has every arm
+      compare --seeds "$s," --out "$RUNS/compare_issue23_math" --resume "${MATH[@]}"
+    done ;;
+  search_r1_v2)
+    nice -n 10 python benchmarks/search_r1/small_scale.py --threads 1 \
+      --config benchmarks/search_r1/configs/smollm2_v2.yaml --sft-baselines --seeds 3 --eval-per-type 30 \
+      --out "$RUNS/search_r1_v2/results" --runs-dir "$RUNS/search_r1_v2" --resume ;;
+  searchqa)
+    if [ ! -d "$SFT_MODEL" ]; then
+      echo "no SFT model at $SFT_MODEL: run '$0 search_r1_v2' first (its SFT phase writes it)" >&2; exit 2
+    fi
+    for s in 0 1 2 3 4; do
+      compare --seeds "$s," --out "$RUNS/compare_issue23_searchqa" --resume "${SEARCHQA[@]}"
+    done ;;
+  report)   # trains nothing: the seeds every arm finished
+    compare --seeds 5 --out "$RUNS/compare_issue23_math" --report-only "${MATH[@]}"
+    if [ -d "$RUNS/compare_issue23_searchqa" ]; then
+      compare --seeds 5 --out "$RUNS/compare_issue23_searchqa" --report-only "${SEARCHQA[@]}"
+    fi ;;
+  *)
+    echo "usage: $0 math|search_r1_v2|searchqa|report" >&2; exit 2 ;;
+esac
