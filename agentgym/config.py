@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
 __all__ = ["ConfigError", "from_dict", "to_dict", "load_config", "apply_overrides", "save_config", "canonical_key",
+           "same_config",
            "ConfigField", "config_fields", "format_config_table"]
 
 T = TypeVar("T")
@@ -177,6 +178,26 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
+
+
+def same_config(recorded: Mapping[str, Any], current: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
+    """Whether a config recorded by an earlier run (``to_dict``) is ``current``'s, for resuming or reusing
+    that run: equal, except that a key the record lacks counts as equal when ``current`` holds its default
+    (``defaults``: ``to_dict`` of the config class built with no arguments). A knob added after the run was
+    recorded, left at its default, does not make the run a different one; a knob set otherwise does."""
+    for key in set(recorded) | set(current):
+        if key not in current:
+            return False
+        if key not in recorded:
+            if key not in defaults or current[key] != defaults[key]:
+                return False
+        elif isinstance(recorded[key], Mapping) and isinstance(current[key], Mapping) \
+                and isinstance(defaults.get(key), Mapping):
+            if not same_config(recorded[key], current[key], defaults[key]):
+                return False
+        elif recorded[key] != current[key]:
+            return False
+    return True
 
 
 def _parse_value(text: str) -> Any:

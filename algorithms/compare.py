@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from agentgym.config import load_config, to_dict
+from agentgym.config import load_config, same_config, to_dict
 
 from agentgym.algorithms.catalog import learner_needs_groups
 from agentgym.algorithms.compare_arms import (EXTERNAL_ALGOS, HARNESS_KEYS, CompareError, RunRecord, Variant,
@@ -245,7 +245,8 @@ def _reusable(cfg: TrainConfig) -> RunRecord | None:
     if not done_file.exists():
         return None
     old = json.loads(done_file.read_text())
-    return RunRecord(**old) if old.get("config") == to_dict(cfg) else None
+    same = same_config(old.get("config") or {}, to_dict(cfg), to_dict(TrainConfig()))
+    return RunRecord(**old) if same else None
 
 
 def _finished_runs(configs: Sequence[tuple[Variant, TrainConfig]], variants: Sequence[Variant],

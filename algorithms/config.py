@@ -97,6 +97,9 @@ class UpdateConfig(OptimConfig):
         "help": "where the KL goes: loss (a term) or reward (subtracted per token)"})
     entropy_coef: float = field(default=LossSettings.entropy_coef, metadata={
         "help": "weight of the entropy bonus"})
+    skip_no_signal: bool = field(default=False, metadata={
+        "help": "no optimizer step for an update whose advantages are all 0 (every group without signal): "
+                "the KL and entropy terms alone would move the weights, and Adam's momentum repeats the last step"})
     temperature: float | None = field(default=None, metadata={
         "help": "log-prob temperature; null = the rollouts' (a number is only checked against it)"})
     mask_env_tokens: bool = field(default=True, metadata={

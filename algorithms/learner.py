@@ -191,8 +191,12 @@ class Learner(LearnerState):
                 metrics.update(self._recompute_old_logprobs(batch))
             self._precompute(batch)
             metrics.update(self._advantages(usable, batch, mask))
-            self._set_training(True)
-            metrics.update(self._optimize(batch))
+            if self.config.skip_no_signal and not bool((batch.advantages * mask).ne(0).any()):
+                # no group had signal: the step would be the KL/entropy terms and Adam's momentum alone
+                metrics.update(no_signal_skip=1.0, skipped=0.0, optimizer_steps=0.0, kl=0.0, grad_norm=float("nan"))
+            else:
+                self._set_training(True)
+                metrics.update(self._optimize(batch), no_signal_skip=0.0)
         finally:
             self._set_training(was_training)
         if metrics["optimizer_steps"] > 0:

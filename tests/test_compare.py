@@ -281,3 +281,24 @@ def test_report_only_reports_the_finished_seeds_and_trains_nothing(tmp_path, cap
                  "--out", str(empty), "--report-only", *TINY]) == 2
     err = capsys.readouterr().err
     assert "--report-only: no seed has a finished run of every variant" in err and "Traceback" not in err
+
+
+def test_runs_recorded_before_a_knob_existed_are_still_reused():
+    """--resume / --report-only (and small_scale's --resume) reuse a run whose recorded config lacks a key
+    added since, as long as the current config holds that key's default; any other difference is a new run."""
+    from agentgym.algorithms.trainer import TrainConfig
+    from agentgym.config import same_config, to_dict
+    defaults = to_dict(TrainConfig())
+    current = to_dict(TrainConfig())
+    recorded = json.loads(json.dumps(current))
+    del recorded["learner"]["skip_no_signal"]                   # the run predates the knob
+    assert same_config(recorded, current, defaults)
+    current["learner"]["skip_no_signal"] = True                 # ... but this run would set it
+    assert not same_config(recorded, current, defaults)
+    current = to_dict(TrainConfig())
+    changed = json.loads(json.dumps(current))
+    changed["learner"]["lr"] = 3e-5
+    assert not same_config(changed, current, defaults)
+    gone = json.loads(json.dumps(current))
+    gone["no_longer_a_key"] = 1                                 # a key the current config no longer has
+    assert not same_config(gone, current, defaults)

@@ -333,6 +333,33 @@ def test_non_finite_update_is_skipped_then_training_resumes(env_id):
     assert not all(torch.equal(weights[k], v) for k, v in policy.model.state_dict().items())
 
 
+def test_skip_no_signal_leaves_weights_and_optimizer_untouched(env_id):
+    """A batch where every group has equal rewards (GRPO advantages all 0): by default the entropy term
+    alone still moves the weights (Adam normalises its tiny gradient to an lr-sized step); with
+    skip_no_signal there is no optimizer step at all, and a batch with signal still trains."""
+    trajs = small_batch(env_id, new_policy(5))
+    flat = copy.deepcopy(trajs)
+    for t in flat:
+        t.step_rewards = [0.5, 0.5]
+    cfg = LearnerConfig(lr=1e-3, temperature=TEMPERATURE, entropy_coef=0.01)
+    policy = new_policy(5)
+    weights = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    m = make_learner("grpo", policy, cfg).update(copy.deepcopy(flat))
+    assert m["advantage_std"] == 0.0 and m["optimizer_steps"] == 1 and m["no_signal_skip"] == 0.0
+    assert not all(torch.equal(weights[k], v) for k, v in policy.model.state_dict().items())   # drift
+
+    policy = new_policy(5)
+    learner = make_learner("grpo", policy, LearnerConfig(lr=1e-3, temperature=TEMPERATURE, entropy_coef=0.01,
+                                                         skip_no_signal=True))
+    m = learner.update(copy.deepcopy(flat))
+    assert m["no_signal_skip"] == 1.0 and m["optimizer_steps"] == 0 and learner.step == 0
+    assert all(torch.equal(weights[k], v) for k, v in policy.model.state_dict().items())
+    assert not learner.optimizer.state                                   # no Adam moments either
+    m = learner.update(copy.deepcopy(trajs))
+    assert m["no_signal_skip"] == 0.0 and m["optimizer_steps"] == 1 and learner.step == 1
+    assert not all(torch.equal(weights[k], v) for k, v in policy.model.state_dict().items())
+
+
 # --------------------------------------------------------------------------- batch format
 
 def _traj(ids, mask, logprobs, prompt_length, spans, rewards, group_id=None):

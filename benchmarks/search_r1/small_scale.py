@@ -469,7 +469,7 @@ class Progress:
         if not self.path.exists():
             return
         old = json.loads(self.path.read_text())
-        if old.get("fingerprint") != self.fingerprint:
+        if not _same_fingerprint(old.get("fingerprint") or {}, self.fingerprint):
             raise ValueError(f"--resume: {self.path} is from a study with other settings; "
                              "run without --resume to start again")
         if old["sft"] and not Path(old["sft"]["model_dir"]).is_dir():
@@ -507,6 +507,15 @@ class Progress:
         return (f"kept {len(done)} finished phase(s) ({', '.join(done)}) in {self.path}; run the same "
                 "command with --resume to continue (an RL run under way goes on from its last checkpoint; "
                 "any other phase under way starts again)")
+
+
+def _same_fingerprint(recorded: dict[str, Any], current: dict[str, Any]) -> bool:
+    """The same study: the same flags, and the same config up to knobs added since, left at their default."""
+    from agentgym.algorithms.config import TrainConfig
+    from agentgym.config import same_config, to_dict
+    defaults = json.loads(json.dumps(to_dict(TrainConfig()), default=str))
+    return recorded.get("args") == current.get("args") and \
+        same_config(recorded.get("config") or {}, current.get("config") or {}, defaults)
 
 
 def fingerprint(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
