@@ -16,9 +16,10 @@ ARMS="reinforce,ppo,grpo,grpo:group_scale=false:loss_agg=seq-mean-token-sum,rloo
 MATH=(--env Math-v0 --steps 30 groups_per_step=2 group_size=4 eval.episodes=64)
 SFT_MODEL="$RUNS/search_r1_v2/sft/model"
 # lr: the v2 config's (Search-R1's 1e-6, warmup over 28.5 % of the steps). A pilot at lr 5e-6 with 2 x 4 episodes
-# collapsed to "never search" within 12 steps (held-out 0.367 -> 0.067; benchmarks/RESULTS.md)
+# collapsed to "never search" within 12 steps (held-out 0.367 -> 0.067), through its steps without signal;
+# with learner.skip_no_signal=true it did not (0.333; benchmarks/RESULTS.md): every arm gets the knob
 SEARCHQA=(--config benchmarks/search_r1/configs/smollm2_v2.yaml --steps 20 "model=$SFT_MODEL"
-          groups_per_step=2 group_size=5 eval.episodes=60)
+          groups_per_step=2 group_size=5 eval.episodes=60 learner.skip_no_signal=true)
 
 compare() { nice -n 10 agentgym --threads 1 compare --algos "$ARMS" "$@"; }
 
