@@ -176,8 +176,7 @@ def _paired_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             seeds = [k for k in sa if k in sb and sa[k] and len(sa[k]) == len(sb[k])]
             if not seeds:
                 continue
-            by_seed = [(float(np.mean(sa[k])), float(np.mean(sb[k]))) for k in seeds]
-            xa, xb = [p[0] for p in by_seed], [p[1] for p in by_seed]
+            xa, xb = [float(np.mean(sa[k])) for k in seeds], [float(np.mean(sb[k])) for k in seeds]
             raw_seeds = paired_diff_ci(xa, xb)
             seeds_ci, seeds_why = without_undefined(raw_seeds, len(seeds))
             ta, tb = np.mean([sa[k] for k in seeds], axis=0), np.mean([sb[k] for k in seeds], axis=0)

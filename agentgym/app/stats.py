@@ -99,6 +99,11 @@ def min_detectable_difference(a: Sequence[float], b: Sequence[float], level: flo
     if se == 0:
         return math.nan
     df = (vx + vy) ** 2 / (vx ** 2 / (x.size - 1) + vy ** 2 / (y.size - 1))
+    return _detectable(se, df, level, power)
+
+
+def _detectable(se: float, df: float, level: float, power: float) -> float:
+    """(t_{1−α/2} + t_{power}) × SE with ``df`` degrees of freedom: the smallest detectable difference."""
     return (t_quantile(0.5 + level / 2, df) + t_quantile(power, df)) * se
 
 
@@ -118,7 +123,7 @@ def paired_min_detectable(a: Sequence[float], b: Sequence[float], level: float =
     d = _clean(np.asarray(a, dtype=float) - np.asarray(b, dtype=float))
     if d.size < 2 or float(d.std(ddof=1)) == 0.0:
         return math.nan
-    return (t_quantile(0.5 + level / 2, d.size - 1) + t_quantile(power, d.size - 1)) * float(d.std(ddof=1)) / math.sqrt(d.size)
+    return _detectable(float(d.std(ddof=1)) / math.sqrt(d.size), d.size - 1, level, power)
 
 
 def bootstrap_ci(values: Sequence[float], level: float = 0.95, n_boot: int = 10_000,

@@ -216,10 +216,10 @@ def run_rl(policy: Any, cfg: Any, algo: str, mask: bool, seed: int, out_dir: Pat
     name = out_dir.name
     trainer = Trainer(run_cfg, policy=policy, log=lambda s: log(f"  [{name}] {s}"))
     trainer.evals = [{"tag": "before", "step": 0.0}]   # no step-0 eval: the SFT-only arm is that eval
-    resume = resume and trainer.latest_checkpoint() is not None
-    if resume:
-        log(f"  [{name}] continuing from {trainer.latest_checkpoint()}")
-    result = trainer.train(resume=resume, overwrite=not resume)
+    ckpt = trainer.latest_checkpoint() if resume else None
+    if ckpt is not None:
+        log(f"  [{name}] continuing from {ckpt}")
+    result = trainer.train(resume=ckpt is not None, overwrite=ckpt is None)
     for row in result["history"]:
         log(f"  [{name}] step {int(row['step'])}: reward {row['rollout/reward_mean']:+.3f} "
             f"success {row['rollout/success_rate']:.3f} searches {row['rollout/tool_calls_mean']:.2f} "
