@@ -37,7 +37,7 @@ from typing import Any, Iterable, Sequence
 import torch
 
 __all__ = ["DistContext", "init_from_env", "current", "gather_lists", "all_reduce_gradients", "all_reduce_sum",
-           "launched_by_torchrun", "apply_fsdp2"]
+           "launched_by_torchrun", "under_torchrun", "apply_fsdp2"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,11 @@ class DistContext:
 
 def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def under_torchrun() -> bool:
+    """Started by torchrun (or another torchelastic launcher), at any world size, 1 included."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
 def env_rank() -> int:

@@ -86,8 +86,12 @@ class Trainer:
             raise ValueError(f"groups_per_step={cfg.groups_per_step} must be divisible by the number of "
                              f"processes ({self.dist.world_size})")
         if cfg.fsdp and self.dist is None:
-            raise ValueError("fsdp=true needs torchrun (FSDP2 shards the model across the processes: "
-                             "torchrun --nproc-per-node N -m agentgym.cli train fsdp=true ...)")
+            from agentgym.algorithms.distributed import under_torchrun
+            if not under_torchrun():
+                raise ValueError("fsdp=true needs torchrun (FSDP2 shards the model across the processes: "
+                                 "torchrun --nproc-per-node N -m agentgym.cli train fsdp=true ...)")
+            self.log("[agentgym] fsdp=true at world size 1: one process holds the whole model, nothing to "
+                     "shard; training as a single process")
         if cfg.max_staleness and self.dist is not None:
             raise ValueError("max_staleness > 0 under torchrun is not supported yet: the batch gathered across ranks "
                              "and the update's all-reduce would run collectives from two threads at once")

@@ -129,7 +129,7 @@ class Ours:
         policy = SimpleNamespace(model=model, tokenizer=SimpleNamespace(pad_token_id=0))
         self.learner = GRPOLearner(policy, LearnerConfig(
             lr=1e-6, weight_decay=0.0, max_grad_norm=1.0, clip_eps=0.2, loss_agg="token-mean", kl_coef=0.0,
-            micro_batch_size=args.batch, epochs=1, bf16=True))
+            micro_batch_size=args.batch, epochs=1), precision="bf16" if args.device.startswith("cuda") else "fp32")
         ids = torch.cat([batch["prompt"], batch["completion"]], 1)
         P, C = args.prompt_len, args.completion_len
         with torch.no_grad():  # sampling-time log-probs = the initial policy's (ratio 1 at the first step)

@@ -231,3 +231,14 @@ def test_fsdp_without_torchrun_is_a_clear_error(tmp_path, capsys):
     code = main(["train", *TINY, "fsdp=true", "steps=1", f"output_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
     assert code != 0 and "fsdp=true needs torchrun" in err and "Traceback" not in err
+
+
+def test_fsdp_under_torchrun_at_world_size_one_trains_as_one_process(tmp_path):
+    """One rank (a one-GPU machine, say): fsdp=true is accepted, says there is nothing to shard, and trains."""
+    out = tmp_path / "one"
+    cmd = [*TORCHRUN[:-1], "1", "-m", "agentgym.app.cli", "train", *TINY, "fsdp=true", "steps=2",
+           f"output_dir={out}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "nothing to shard" in r.stdout
+    assert [float(x["step"]) for x in _rows(out)] == [1.0, 2.0]

@@ -55,7 +55,9 @@ def test_hf_generation_on_cuda_matches_teacher_forcing():
     assert torch.allclose(torch.tensor(g.logprobs), ref, atol=1e-3)
 
 
-def test_fsdp2_at_world_size_one_on_nccl_trains_end_to_end(tmp_path):
+def test_fsdp_under_torchrun_on_one_gpu_trains_on_nccl(tmp_path):
+    """One GPU, one rank: NCCL's group is joined, nothing is sharded (FSDP2 proper needs 2+ GPUs), and training
+    runs end to end instead of refusing fsdp=true."""
     out = tmp_path / "fsdp"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m", "agentgym.app.cli",
            "train", *TINY, "steps=2", "fsdp=true", "algo=ppo", "learner.kl_coef=0.05", f"output_dir={out}"]
@@ -63,6 +65,7 @@ def test_fsdp2_at_world_size_one_on_nccl_trains_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     rows = (out / "train_log.csv").read_text().strip().splitlines()
     assert len(rows) == 3 and (out / "evals.json").exists()     # header + 2 steps, final eval written
+    assert "nothing to shard" in r.stdout
 
 
 def _smollm2_weights_here() -> bool:
