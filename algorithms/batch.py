@@ -98,6 +98,17 @@ class Batch:
         forward pass needs no logits before it (``logits_to_keep = width - logits_offset``)."""
         return max(0, int(self.prompt_lengths.min()) - 1) if len(self) else 0
 
+    def logit_positions(self, needed: torch.Tensor) -> torch.Tensor:
+        """The positions whose logits some row needs: ``p`` such that a token at ``p + 1`` is marked in
+        ``needed`` (``(B, T)``) in at least one row; sorted, on ``needed``'s device. A forward pass then
+        projects only those hidden states onto the vocabulary (``logits_to_keep=positions``): in multi-turn
+        episodes the environment's tokens between turns (retrieved documents, tool output) need none.
+        Never empty (one position when nothing is needed, so that a loss of 0 still has a graph)."""
+        positions = (needed[:, 1:] > 0).any(0).nonzero().squeeze(1)
+        if positions.numel() == 0:
+            positions = torch.tensor([max(self.width - 2, 0)], device=needed.device)
+        return positions
+
     def train_mask(self, mask_env_tokens: bool = True, kinds: Sequence[str] | None = None) -> torch.Tensor:
         """The tokens that carry loss (a float mask like ``loss_mask``).
 

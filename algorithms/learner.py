@@ -433,16 +433,21 @@ class Learner(LearnerState):
         """Policy, reference and critic forwards run in the run's precision (loss and log-softmax in fp32)."""
         return self.precision.autocast()
 
+    def _logit_positions(self, micro: Batch) -> torch.Tensor:
+        """Where any loss, ratio, KL or divergence reads a log-prob: the training mask and the sampled
+        tokens. Everything else (the prompt, the environment's tokens between turns) gets no logits:
+        the vocabulary projection and its log-softmax are a large share of a small model's pass."""
+        return micro.logit_positions(self._train_mask(micro) + micro.loss_mask)
+
     def _model_outputs(self, model: nn.Module, micro: Batch, hidden: bool = False, logits: bool = True) -> Any:
-        # logits only from the last prompt token on: the prompt's vocabulary projections are the
-        # bulk of the work for short responses, and no loss needs them (none at all for values only)
+        # no logits at all for values only
         return model(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
                      position_ids=micro.position_ids, use_cache=False, output_hidden_states=hidden,
-                     logits_to_keep=micro.width - micro.logits_offset if logits else 1)
+                     logits_to_keep=self._logit_positions(micro) if logits else 1)
 
     def _logprobs(self, outputs: Any, micro: Batch, *,
                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return token_logprobs(outputs.logits, micro.input_ids, self._temperature, offset=micro.logits_offset,
+        return token_logprobs(outputs.logits, micro.input_ids, self._temperature, positions=self._logit_positions(micro),
                               with_entropy=entropy, entropy_grad=self.config.entropy_coef != 0)
 
     def _reference_outputs(self, micro: Batch) -> Any:

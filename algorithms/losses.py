@@ -79,7 +79,8 @@ def entropy_from_logits(logits: torch.Tensor, chunk_rows: int = 1024) -> torch.T
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0, *, offset: int = 0,
-                   with_entropy: bool = False, entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   with_entropy: bool = False, entropy_grad: bool = True,
+                   positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of ``token_ids`` under ``softmax(logits / temperature)``.
 
     ``token_ids``: ``(B, T)``; ``logits``: ``(B, T - offset, V)``, the model's logits at positions
@@ -88,9 +89,15 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: f
     0 at positions ``≤ offset``. Dividing by the sampling temperature makes them comparable with
     the policy's sampling-time log-probs. ``entropy_grad=False`` computes the entropy for logging
     only (no graph kept).
+
+    ``positions`` (sorted, 1-D, each ``< T - 1``): instead, ``logits`` is ``(B, len(positions), V)``, the
+    logits at those positions only (``logits_to_keep=positions``); the result holds the log-probs of
+    the tokens at ``positions + 1`` and 0 everywhere else.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if positions is not None:
+        return _logprobs_at(logits, token_ids, temperature, positions, with_entropy, entropy_grad)
     if logits.shape[1] != token_ids.shape[1] - offset:
         raise ValueError(f"{logits.shape[1]} logit positions for {token_ids.shape[1]} tokens at offset {offset}")
     z = logits[:, :-1].float()
@@ -102,6 +109,23 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: f
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent = torch.cat([zero, entropy_from_logits(z)], dim=1)
+    return logp, ent
+
+
+def _logprobs_at(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float, positions: torch.Tensor,
+                 with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if logits.shape[1] != positions.numel():
+        raise ValueError(f"{logits.shape[1]} logit positions for {positions.numel()} positions asked for")
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    targets = positions.to(token_ids.device) + 1
+    shape = token_ids.shape
+    logp = z.new_zeros(shape).index_copy(1, targets, selective_log_softmax(z, token_ids[:, targets]))
+    ent = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = z.new_zeros(shape).index_copy(1, targets, entropy_from_logits(z))
     return logp, ent
 
 

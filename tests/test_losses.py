@@ -57,6 +57,34 @@ def test_token_logprobs_are_aligned_with_tokens_and_use_the_temperature():
         token_logprobs(logits, ids, temperature=0.0)
 
 
+def test_token_logprobs_at_chosen_positions_equal_the_full_pass_there_and_zero_elsewhere():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 9, 11, generator=g, requires_grad=True)
+    ids = torch.randint(0, 11, (3, 9), generator=g)
+    full, full_ent = token_logprobs(logits, ids, temperature=0.7, with_entropy=True)
+    positions = torch.tensor([1, 2, 5, 7])
+    part, part_ent = token_logprobs(logits[:, positions], ids, temperature=0.7, with_entropy=True, positions=positions)
+    at = positions + 1
+    assert torch.allclose(part[:, at], full[:, at]) and torch.allclose(part_ent[:, at], full_ent[:, at])
+    others = torch.ones(9, dtype=torch.bool)
+    others[at] = False
+    assert (part[:, others] == 0).all() and (part_ent[:, others] == 0).all()
+    part[:, at].sum().backward()                        # the gradient reaches the chosen logits only
+    assert logits.grad[:, positions].abs().sum() > 0 and logits.grad[:, [0, 3, 4, 6, 8]].abs().sum() == 0
+    with pytest.raises(ValueError, match="positions"):
+        token_logprobs(logits[:, :3], ids, positions=positions)
+
+
+def test_batch_logit_positions_are_the_union_of_what_the_rows_need():
+    from agentgym.algorithms.batch import Batch
+    needed = torch.tensor([[0, 0, 1, 1, 0, 0, 0],
+                           [0, 0, 0, 0, 0, 1, 0.]])
+    width = needed.shape[1]
+    fake = type("B", (), {"width": width})()   # only the method's arithmetic is under test
+    assert Batch.logit_positions(fake, needed).tolist() == [1, 2, 4]   # logits at p predict token p + 1
+    assert Batch.logit_positions(fake, torch.zeros(2, width)).tolist() == [width - 2]   # never empty
+
+
 def test_entropy_closed_forms():
     assert entropy_from_logits(torch.zeros(1, 8)).item() == pytest.approx(math.log(8))   # uniform: log V
     assert entropy_from_logits(torch.tensor([[0.0, -1e4, -1e4]])).item() == pytest.approx(0.0, abs=1e-6)
@@ -378,7 +406,9 @@ def _captured_logit_grads(name: str, mask_env_tokens: bool, trajs):
     assert metrics["skipped"] == 0 and metrics["optimizer_steps"] == 1 and len(captured) == 1
     batch = collate(trajs, pad_id=0)
     grad = torch.zeros(len(trajs), batch.width, captured[0].shape[-1])
-    grad[:, batch.logits_offset:] = captured[0].grad   # logits were kept from the last prompt token on
+    kept = batch.logit_positions(batch.train_mask(mask_env_tokens) + batch.loss_mask)   # what the learner projects
+    assert captured[0].shape[1] == kept.numel()
+    grad[:, kept] = captured[0].grad
     return grad, batch
 
 
