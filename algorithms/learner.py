@@ -434,21 +434,18 @@ class Learner(LearnerState):
         return self.precision.autocast()
 
     def _logit_positions(self, micro: Batch) -> torch.Tensor:
-        """Where any loss, ratio, KL or divergence reads a log-prob: the training mask and the sampled
-        tokens. Everything else (the prompt, the environment's tokens between turns) gets no logits:
-        the vocabulary projection and its log-softmax are a large share of a small model's pass."""
+        """Where a loss, ratio, KL or divergence reads a log-prob (``Batch.logit_positions``)."""
         return micro.logit_positions(self._train_mask(micro) + micro.loss_mask)
 
     def _model_outputs(self, model: nn.Module, micro: Batch, hidden: bool = False, logits: bool = True) -> Any:
-        # no logits at all for values only
-        return model(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
-                     position_ids=micro.position_ids, use_cache=False, output_hidden_states=hidden,
+        return model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, position_ids=micro.position_ids,
+                     use_cache=False, output_hidden_states=hidden,   # no logits at all for values only
                      logits_to_keep=self._logit_positions(micro) if logits else 1)
 
     def _logprobs(self, outputs: Any, micro: Batch, *,
                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return token_logprobs(outputs.logits, micro.input_ids, self._temperature, positions=self._logit_positions(micro),
-                              with_entropy=entropy, entropy_grad=self.config.entropy_coef != 0)
+        return token_logprobs(outputs.logits, micro.input_ids, self._temperature, with_entropy=entropy,
+                              positions=self._logit_positions(micro), entropy_grad=self.config.entropy_coef != 0)
 
     def _reference_outputs(self, micro: Batch) -> Any:
         if self.ref_model is not None:
