@@ -240,13 +240,17 @@ def _plan_runs(variants: Sequence[Variant], seeds: Sequence[int], steps: int, en
 
 
 def _reusable(cfg: TrainConfig) -> RunRecord | None:
-    """The finished run in ``cfg.output_dir`` (its ``compare_run.json``) if it ran this very config."""
+    """The finished run in ``cfg.output_dir`` (its ``compare_run.json``) if it ran this very config. Where
+    the run lies is not part of "this config": the same folder named relatively or absolutely, or a study
+    folder moved or copied, is reused, and the record then points at where it lies now."""
     done_file = Path(cfg.output_dir) / "compare_run.json"
     if not done_file.exists():
         return None
     old = json.loads(done_file.read_text())
-    same = same_config(old.get("config") or {}, to_dict(cfg), to_dict(TrainConfig()))
-    return RunRecord(**old) if same else None
+    here = str(cfg.output_dir)
+    recorded = {**(old.get("config") or {}), "output_dir": here}
+    same = same_config(recorded, to_dict(cfg), to_dict(TrainConfig()))
+    return RunRecord(**{**old, "output_dir": here, "config": recorded}) if same else None
 
 
 def _finished_runs(configs: Sequence[tuple[Variant, TrainConfig]], variants: Sequence[Variant],

@@ -283,6 +283,26 @@ def test_report_only_reports_the_finished_seeds_and_trains_nothing(tmp_path, cap
     assert "--report-only: no seed has a finished run of every variant" in err and "Traceback" not in err
 
 
+def test_finished_runs_are_reused_wherever_the_study_folder_is_named_or_moved(tmp_path, capsys, monkeypatch):
+    """A study run with an absolute --out is reported from a relative one (and from a moved copy): where the
+    runs lie is not part of their config, and the report reads them where they lie now."""
+    import shutil
+    out = tmp_path / "cmp"
+    args = ["compare", "--env", "Arithmetic-v0", "--algos", "reinforce,grpo", "--steps", "1", "--seeds", "1"]
+    assert main([*args, "--out", str(out), *TINY]) == 0
+    first = json.loads((out / "compare.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main([*args, "--out", "cmp", "--report-only", *TINY]) == 0             # relative name, same folder
+    assert json.loads((out / "compare.json").read_text())["summary"] == first["summary"]
+    shutil.move(str(out), str(tmp_path / "moved"))
+    assert main([*args, "--out", "moved", "--resume", *TINY]) == 0                # moved: reused, nothing trained
+    printed = capsys.readouterr().out
+    assert "reused" in printed and "[compare 1/2] reinforce seed=0 ->" not in printed
+    moved = json.loads((tmp_path / "moved" / "compare.json").read_text())
+    assert moved["summary"] == first["summary"]
+
+
 def test_runs_recorded_before_a_knob_existed_are_still_reused():
     """--resume / --report-only (and small_scale's --resume) reuse a run whose recorded config lacks a key
     added since, as long as the current config holds that key's default; any other difference is a new run."""

@@ -180,7 +180,9 @@ def test_ctrl_c_prints_one_line_exits_130_and_resume_continues(tmp_path):
     assert len(said) == 1 and "--resume" in said[0] and "none_base, rag_base" in said[0], err
     assert not (tmp_path / "out" / "small_scale.json").exists()
 
-    r = subprocess.run([sys.executable, str(SCRIPT), *args, "--resume"], capture_output=True, text=True, env=env,
+    # the same runs folder named relatively this time: where the runs lie is not part of the study's settings
+    resume = [a if a != str(runs) else "runs" for a in args]
+    r = subprocess.run([sys.executable, str(SCRIPT), *resume, "--resume"], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "--resume: reusing none_base, rag_base from" in r.stdout
@@ -213,7 +215,9 @@ def test_killed_rl_run_resumes_from_its_last_checkpoint(tmp_path):
             time.sleep(0.05)
         os.killpg(p.pid, signal.SIGKILL)
         p.wait(timeout=60)
-    r = subprocess.run([sys.executable, str(SCRIPT), *args, "--resume"], capture_output=True, text=True, env=env,
+    # the same runs folder named relatively this time: where the runs lie is not part of the study's settings
+    resume = [a if a != str(runs) else "runs" for a in args]
+    r = subprocess.run([sys.executable, str(SCRIPT), *resume, "--resume"], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "[grpo_masked_seed0] continuing from" in r.stdout and "/checkpoints/step_" in r.stdout, \
@@ -221,3 +225,29 @@ def test_killed_rl_run_resumes_from_its_last_checkpoint(tmp_path):
     result = _check_outputs(tmp_path / "out", ["none_base", "rag_base", "sft", "grpo_masked"], questions=3)
     assert [int(row["step"]) for row in result["rl"]["grpo_masked"][0]["history"]] == [1, 2, 3, 4]
     assert not ckpts.exists()   # deleted once the run finished: not kept
+
+
+def test_a_study_is_the_same_wherever_its_folders_are():
+    """--resume's fingerprint leaves out where outputs go (--out, --runs-dir, named relatively or absolutely,
+    or moved), also for progress files recorded while --runs-dir was still part of it; a real flag differs."""
+    mod = _module()
+    recorded = {"config": {"algo": "grpo"}, "args": {"steps": 30, "runs_dir": "/abs/runs/search_r1_v2"}}
+    current = {"config": {"algo": "grpo"}, "args": {"steps": 30}}
+    assert mod._same_fingerprint(recorded, current)
+    assert not mod._same_fingerprint(recorded, {**current, "args": {"steps": 20}})
+
+
+def test_resume_finds_the_sft_model_in_a_moved_study_folder(tmp_path):
+    mod = _module()
+    runs = tmp_path / "moved"
+    (runs / "sft" / "model").mkdir(parents=True)
+    fp = {"config": {"algo": "grpo"}, "args": {"steps": 30}}
+    (runs / "progress.json").write_text(json.dumps({
+        "fingerprint": fp, "records": {}, "rl": {}, "timings": {}, "sft_config": {}, "elapsed_s": 1.0,
+        "sft": {"model_dir": str(tmp_path / "where_it_was" / "sft" / "model")}}))
+    progress = mod.Progress(runs / "progress.json", fp)
+    progress.load()
+    assert progress.sft["model_dir"] == str(runs / "sft" / "model")
+    (runs / "sft" / "model").rmdir()           # gone altogether: the clear error as before
+    with pytest.raises(ValueError, match="is gone"):
+        mod.Progress(runs / "progress.json", fp).load()

@@ -472,6 +472,9 @@ class Progress:
         if not _same_fingerprint(old.get("fingerprint") or {}, self.fingerprint):
             raise ValueError(f"--resume: {self.path} is from a study with other settings; "
                              "run without --resume to start again")
+        moved = self.path.parent / "sft" / "model"   # the study folder was moved or named differently
+        if old["sft"] and not Path(old["sft"]["model_dir"]).is_dir() and moved.is_dir():
+            old["sft"]["model_dir"] = str(moved)
         if old["sft"] and not Path(old["sft"]["model_dir"]).is_dir():
             raise ValueError(f"--resume: the SFT model {old['sft']['model_dir']} the finished phases used is gone; "
                              "run without --resume to start again")
@@ -514,16 +517,20 @@ def _same_fingerprint(recorded: dict[str, Any], current: dict[str, Any]) -> bool
     from agentgym.algorithms.config import TrainConfig
     from agentgym.config import same_config, to_dict
     defaults = json.loads(json.dumps(to_dict(TrainConfig()), default=str))
-    return recorded.get("args") == current.get("args") and \
-        same_config(recorded.get("config") or {}, current.get("config") or {}, defaults)
+    args = {k: v for k, v in (recorded.get("args") or {}).items() if k not in _FREE}   # recorded before runs_dir was free
+    return args == current.get("args") and same_config(recorded.get("config") or {}, current.get("config") or {}, defaults)
+
+
+#: flags that do not shape the study: where the outputs go (a relative or absolute name of the same folder,
+#: or a moved one), threads, bootstrap resamples, checkpoint keeping; override is in the config
+_FREE = {"out", "runs_dir", "resume", "replot", "threads", "keep_checkpoints", "checkpoint_every", "n_boot", "override"}
 
 
 def fingerprint(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
     """What ``--resume`` requires to be unchanged: the resolved config and the flags that shape the study
     (not where the outputs go, threads, bootstrap resamples or checkpoint keeping)."""
     from agentgym.config import to_dict
-    free = {"out", "resume", "replot", "threads", "keep_checkpoints", "checkpoint_every", "n_boot", "override"}  # override: in cfg
-    return {"config": to_dict(cfg), "args": {k: v for k, v in vars(args).items() if k not in free}}
+    return {"config": to_dict(cfg), "args": {k: v for k, v in vars(args).items() if k not in _FREE}}
 
 
 def main(argv: list[str] | None = None) -> int:
