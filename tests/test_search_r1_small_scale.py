@@ -180,9 +180,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_resume_continues(tmp_path):
     assert len(said) == 1 and "--resume" in said[0] and "none_base, rag_base" in said[0], err
     assert not (tmp_path / "out" / "small_scale.json").exists()
 
-    # the same runs folder named relatively this time: where the runs lie is not part of the study's settings
-    resume = [a if a != str(runs) else "runs" for a in args]
-    r = subprocess.run([sys.executable, str(SCRIPT), *resume, "--resume"], capture_output=True, text=True, env=env,
+    r = subprocess.run([sys.executable, str(SCRIPT), *args, "--resume"], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "--resume: reusing none_base, rag_base from" in r.stdout
