@@ -96,36 +96,21 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: f
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if positions is not None:
-        return _logprobs_at(logits, token_ids, temperature, positions, with_entropy, entropy_grad)
-    if logits.shape[1] != token_ids.shape[1] - offset:
-        raise ValueError(f"{logits.shape[1]} logit positions for {token_ids.shape[1]} tokens at offset {offset}")
-    z = logits[:, :-1].float()
-    if temperature != 1.0:
-        z = z / temperature
-    zero = z.new_zeros(z.shape[0], offset + 1)
-    logp = torch.cat([zero, selective_log_softmax(z, token_ids[:, offset + 1:])], dim=1)
-    ent = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = torch.cat([zero, entropy_from_logits(z)], dim=1)
-    return logp, ent
-
-
-def _logprobs_at(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float, positions: torch.Tensor,
-                 with_entropy: bool, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if logits.shape[1] != positions.numel():
+    if positions is None:   # the contiguous case: every position from ``offset`` on but the last
+        if logits.shape[1] != token_ids.shape[1] - offset:
+            raise ValueError(f"{logits.shape[1]} logit positions for {token_ids.shape[1]} tokens at offset {offset}")
+        logits, positions = logits[:, :-1], torch.arange(offset, token_ids.shape[1] - 1, device=token_ids.device)
+    elif logits.shape[1] != positions.numel():
         raise ValueError(f"{logits.shape[1]} logit positions for {positions.numel()} positions asked for")
     z = logits.float()
     if temperature != 1.0:
         z = z / temperature
     targets = positions.to(token_ids.device) + 1
-    shape = token_ids.shape
-    logp = z.new_zeros(shape).index_copy(1, targets, selective_log_softmax(z, token_ids[:, targets]))
+    logp = z.new_zeros(token_ids.shape).index_copy(1, targets, selective_log_softmax(z, token_ids[:, targets]))
     ent = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = z.new_zeros(shape).index_copy(1, targets, entropy_from_logits(z))
+            ent = z.new_zeros(token_ids.shape).index_copy(1, targets, entropy_from_logits(z))
     return logp, ent
 
 
