@@ -13,7 +13,7 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import Any, Iterator, Mapping, NamedTuple, Sequence, TypeVar
+from typing import Any, Collection, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
 __all__ = ["ConfigError", "from_dict", "to_dict", "load_config", "apply_overrides", "save_config", "canonical_key",
            "same_config",
@@ -180,12 +180,17 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-def same_config(recorded: Mapping[str, Any], current: Mapping[str, Any], defaults: Mapping[str, Any]) -> bool:
+def same_config(recorded: Mapping[str, Any], current: Mapping[str, Any], defaults: Mapping[str, Any],
+                ignore: Collection[str] = (), _section: str = "") -> bool:
     """Whether a config recorded by an earlier run (``to_dict``) is ``current``'s, for resuming or reusing
     that run: equal, except that a key the record lacks counts as equal when ``current`` holds its default
     (``defaults``: ``to_dict`` of the config class built with no arguments). A knob added after the run was
-    recorded, left at its default, does not make the run a different one; a knob set otherwise does."""
+    recorded, left at its default, does not make the run a different one; a knob set otherwise does.
+    ``ignore``: dotted keys (``"learner.micro_batch_size"``) that may differ, because they change how a run
+    is computed or where it is written, not what it learns (``TrainConfig.RESULT_NEUTRAL``)."""
     for key in set(recorded) | set(current):
+        if _join(_section, key) in ignore:
+            continue
         if key not in current:
             return False
         if key not in recorded:
@@ -193,7 +198,7 @@ def same_config(recorded: Mapping[str, Any], current: Mapping[str, Any], default
                 return False
         elif isinstance(recorded[key], Mapping) and isinstance(current[key], Mapping) \
                 and isinstance(defaults.get(key), Mapping):
-            if not same_config(recorded[key], current[key], defaults[key]):
+            if not same_config(recorded[key], current[key], defaults[key], ignore, _join(_section, key)):
                 return False
         elif recorded[key] != current[key]:
             return False

@@ -247,10 +247,11 @@ def _reusable(cfg: TrainConfig) -> RunRecord | None:
     if not done_file.exists():
         return None
     old = json.loads(done_file.read_text())
+    recorded = old.get("config") or {}
+    if not same_config(recorded, to_dict(cfg), to_dict(TrainConfig()), TrainConfig.RESULT_NEUTRAL):
+        return None
     here = str(cfg.output_dir)
-    recorded = {**(old.get("config") or {}), "output_dir": here}
-    same = same_config(recorded, to_dict(cfg), to_dict(TrainConfig()))
-    return RunRecord(**{**old, "output_dir": here, "config": recorded}) if same else None
+    return RunRecord(**{**old, "output_dir": here, "config": {**recorded, "output_dir": here}})
 
 
 def _finished_runs(configs: Sequence[tuple[Variant, TrainConfig]], variants: Sequence[Variant],

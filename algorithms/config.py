@@ -405,6 +405,14 @@ class TrainConfig(RolloutViews):
         "help": "training-health alarms (entropy / length / action-rate collapse, groups without signal)"})
 
     config_aliases: ClassVar[dict[str, str]] = ROLLOUT_ALIASES
+    #: keys that change how a run is computed or where it is written, not what it learns: a finished or
+    #: checkpointed run recorded with other values is still this config's run (``compare --resume``, the
+    #: Search-R1 study's ``--resume``), so that e.g. a smaller micro-batch after an out-of-memory, or a
+    #: token budget that cuts the padding, continues a study. Micro-batching gives the same update up to
+    #: the order of float sums: the loss is normalised by the whole minibatch (tests/test_micro_batches.py).
+    RESULT_NEUTRAL: ClassVar[frozenset[str]] = frozenset({
+        "output_dir", "tensorboard", "checkpoint_every", "keep_checkpoints",
+        "learner.micro_batch_size", "learner.micro_batch_tokens"})
 
     def __post_init__(self) -> None:
         if isinstance(self.rollout, dict):

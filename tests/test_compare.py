@@ -322,3 +322,37 @@ def test_runs_recorded_before_a_knob_existed_are_still_reused():
     gone = json.loads(json.dumps(current))
     gone["no_longer_a_key"] = 1                                 # a key the current config no longer has
     assert not same_config(gone, current, defaults)
+
+
+def test_knobs_that_do_not_change_what_a_run_learns_do_not_make_it_another_run():
+    """Micro-batching (the same update up to the order of float sums), checkpoint keeping and where a run
+    is written are TrainConfig.RESULT_NEUTRAL: a run recorded with other values is reused; a nested key of
+    the same name elsewhere, or any other knob, still counts."""
+    from agentgym.algorithms.trainer import TrainConfig
+    from agentgym.config import same_config, to_dict
+    defaults, current = to_dict(TrainConfig()), to_dict(TrainConfig())
+    recorded = json.loads(json.dumps(current))
+    recorded["learner"]["micro_batch_size"] = 2
+    recorded["learner"]["micro_batch_tokens"] = 2048
+    recorded["checkpoint_every"], recorded["output_dir"], recorded["tensorboard"] = 1, "/elsewhere", False
+    assert not same_config(recorded, current, defaults)                      # without ignore: different
+    assert same_config(recorded, current, defaults, TrainConfig.RESULT_NEUTRAL)
+    recorded["learner"]["epochs"] = 2
+    assert not same_config(recorded, current, defaults, TrainConfig.RESULT_NEUTRAL)
+    assert not same_config({**current, "steps": 99}, current, defaults, {"learner.steps", "micro_batch_size"})
+
+
+def test_a_finished_run_is_reused_after_the_micro_batches_change(tmp_path, capsys):
+    """--resume after lowering learner.micro_batch_size (an out-of-memory) or setting a token budget reuses
+    the finished runs; the record keeps the micro-batching it ran with. Another learning knob retrains."""
+    out = tmp_path / "cmp"
+    args = ["compare", "--env", "Arithmetic-v0", "--algos", "grpo", "--steps", "1", "--seeds", "1", "--out", str(out)]
+    assert main([*args, *TINY]) == 0
+    capsys.readouterr()
+    assert main([*args, "--resume", *TINY, "learner.micro_batch_size=1", "learner.micro_batch_tokens=64"]) == 0
+    printed = capsys.readouterr().out
+    assert "reused" in printed and "[compare 1/1] grpo seed=0 ->" not in printed
+    record = json.loads((out / "grpo" / "seed0" / "compare_run.json").read_text())
+    assert record["config"]["learner"]["micro_batch_tokens"] is None
+    assert main([*args, "--resume", *TINY, "learner.lr=3e-5"]) == 0
+    assert "[compare 1/1] grpo seed=0 ->" in capsys.readouterr().out

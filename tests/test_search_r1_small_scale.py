@@ -235,6 +235,21 @@ def test_a_study_is_the_same_wherever_its_folders_are():
     assert not mod._same_fingerprint(recorded, {**current, "args": {"steps": 20}})
 
 
+def test_a_study_resumes_with_other_micro_batches():
+    """A token budget (or a smaller micro-batch after an out-of-memory) set in the config of a study under
+    way resumes it: micro-batching does not change what a run learns. The learning rate does."""
+    from agentgym.algorithms.config import TrainConfig
+    from agentgym.config import to_dict
+    mod = _module()
+    cfg = to_dict(TrainConfig())
+    recorded = {"config": cfg, "args": {"steps": 30}}
+    budget = json.loads(json.dumps(cfg))
+    budget["learner"].update(micro_batch_tokens=2048, micro_batch_size=2)
+    assert mod._same_fingerprint(recorded, {"config": budget, "args": {"steps": 30}})
+    budget["learner"]["lr"] = 5e-6
+    assert not mod._same_fingerprint(recorded, {"config": budget, "args": {"steps": 30}})
+
+
 def test_resume_finds_the_sft_model_in_a_moved_study_folder(tmp_path):
     mod = _module()
     runs = tmp_path / "moved"

@@ -513,12 +513,15 @@ class Progress:
 
 
 def _same_fingerprint(recorded: dict[str, Any], current: dict[str, Any]) -> bool:
-    """The same study: the same flags, and the same config up to knobs added since, left at their default."""
+    """The same study: the same flags, and the same config up to knobs added since, left at their default,
+    and up to knobs that do not change what a run learns (``TrainConfig.RESULT_NEUTRAL``: micro-batching,
+    checkpoint keeping, where it is written)."""
     from agentgym.algorithms.config import TrainConfig
     from agentgym.config import same_config, to_dict
     defaults = json.loads(json.dumps(to_dict(TrainConfig()), default=str))
     args = {k: v for k, v in (recorded.get("args") or {}).items() if k not in _FREE}   # recorded before runs_dir was free
-    return args == current.get("args") and same_config(recorded.get("config") or {}, current.get("config") or {}, defaults)
+    return args == current.get("args") and same_config(recorded.get("config") or {}, current.get("config") or {},
+                                                       defaults, TrainConfig.RESULT_NEUTRAL)
 
 
 #: flags that do not shape the study: where the outputs go (a relative or absolute name of the same folder,
