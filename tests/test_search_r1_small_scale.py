@@ -132,6 +132,43 @@ def test_no_spread_intervals_are_reported_as_undefined():
     assert mod.fmt_diff(spread) == "+0.100 [-0.05, +0.25]"
 
 
+_META = {"date": "2026-11-26", "model": "tiny-random", "retriever": "bm25", "topk": 3, "eval_questions": 6,
+         "eval_per_type": 2, "seeds": 3, "command": "small_scale.py", "wall_s": {"total": 1.0},
+         "rl": {"steps": 2, "groups": 2, "group_size": 4, "lr": 1e-6, "max_new_tokens": 8, "max_turns": 2},
+         "machine": {"platform": "Linux", "cpus": 2, "torch_threads": 1, "load_average_start": [0.0] * 3,
+                     "load_average_end": [0.0] * 3}}
+_SFT = {"kept": 4, "episodes": 4, "steps": 1, "loss_first": 2.0, "loss_last": 1.0}
+
+
+def test_seed_intervals_against_a_fixed_baseline_and_between_rl_arms():
+    """Over seeds: an RL arm against a one-run greedy baseline gets Student's t over its per-seed EMs minus
+    the baseline's (a constant); two RL arms get Welch's interval and, seed by seed, the paired one. The
+    format-matched baselines (the SFT model without search, with one-shot RAG) are compared too."""
+    mod = _module()
+
+    def run(ems):   # one seed's records: 6 questions, the first round(6 * em) answered right
+        return [{"task_index": i, "type": mod.QTYPES[i % 3], "em": float(i < round(6 * ems)), "searches": 1.0,
+                 "invalid": 0.0, "answered": 1.0, "found_gold": 1.0, "response_tokens": 5.0} for i in range(6)]
+    records = {"none_base": [run(0.0)], "rag_base": [run(0.0)], "sft": [run(1 / 6)], "none_sft": [run(0.0)],
+               "rag_sft": [run(1 / 6)], "grpo_masked": [run(3 / 6), run(4 / 6), run(5 / 6)],
+               "grpo_unmasked": [run(2 / 6), run(4 / 6), run(4 / 6)]}
+    stats, comps = mod.analyse(records, n_boot=200)
+    vs_rag = comps["(d) SFT→GRPO, masked − RAG, SFT model"]
+    t = vs_rag["seed_t"]                                   # per-seed 3/6, 4/6, 5/6 minus 1/6: mean 1/2, sd 1/6
+    assert t["diff"] == pytest.approx(0.5) and t["verdict"] == "significant"
+    half = 4.302653 * (1 / 6) / math.sqrt(3)
+    assert (t["ci_low"], t["ci_high"]) == pytest.approx((0.5 - half, 0.5 + half), rel=1e-5)
+    assert "seed_welch" not in vs_rag and "(d) SFT→GRPO, masked − no search, SFT model" in comps
+    rl = comps["(d) SFT→GRPO, masked − (f) SFT→GRPO, unmasked"]
+    assert rl["seed_paired"]["diff"] == pytest.approx(1 / 9) and "seed_t" not in rl
+    assert rl["seed_welch"]["diff"] == pytest.approx(1 / 9)
+    md = mod.markdown({"meta": {**_META, "seeds": 3}, "stats": stats, "comparisons": comps, "sft": _SFT})
+    row = next(line for line in md.splitlines() if line.startswith("| (d) SFT→GRPO, masked − (f)"))
+    assert "Welch +0.111" in row and "; paired +0.111" in row
+    row = next(line for line in md.splitlines() if line.startswith("| (d) SFT→GRPO, masked − RAG, SFT model"))
+    assert row.endswith(f"| {mod.fmt_diff(t)} (t) |")
+
+
 def test_default_out_is_untracked_so_a_run_keeps_the_committed_results():
     """Without --out the study writes under runs/ (git-ignored), not into benchmarks/search_r1/results."""
     import subprocess

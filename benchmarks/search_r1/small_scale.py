@@ -275,13 +275,17 @@ def _difference(raw: tuple[float, float, float], n: int, unit: str) -> dict[str,
 
 
 def compare(a: list[list[dict]], b: list[list[dict]], sa: dict, sb: dict, n_boot: int) -> dict[str, Any]:
-    from agentgym.app.stats import diff_ci, paired_bootstrap_ci
+    from agentgym.app.stats import diff_ci, mean_ci, paired_bootstrap_ci, paired_diff_ci
     out: dict[str, Any] = {}
-    # seed-to-seed variation, which the question bootstrap (seeds held fixed) does not cover: Welch's
-    # interval over the per-seed EMs when both arms have several seeds
-    if sa["seeds"] > 1 and sb["seeds"] > 1:
-        out["seed_welch"] = _difference(diff_ci(sa["em_per_seed"], sb["em_per_seed"]),
-                                        min(sa["seeds"], sb["seeds"]), "seed")
+    # seed-to-seed variation, which the question bootstrap (seeds held fixed) does not cover
+    (na, ea), (nb, eb) = (sa["seeds"], sa["em_per_seed"]), (sb["seeds"], sb["em_per_seed"])
+    if na > 1 and nb > 1:   # two RL arms: Welch's interval, and paired by seed (the same tasks, sampling seed, start)
+        out["seed_welch"] = _difference(diff_ci(ea, eb), min(na, nb), "seed")
+        if na == nb:
+            out["seed_paired"] = _difference(paired_diff_ci(ea, eb), na, "seed")
+    elif na > 1 or nb > 1:  # an RL arm against a one-run greedy baseline, whose EM is a constant: t over the seeds
+        diffs = [v - eb[0] for v in ea] if na > 1 else [ea[0] - v for v in eb]
+        out["seed_t"] = _difference(mean_ci(diffs), max(na, nb), "seed")
     for qt in (None, *QTYPES):
         k = qt or "overall"
         x, y = per_question(a, "em", qt), per_question(b, "em", qt)
@@ -305,6 +309,16 @@ def fmt_diff(d: dict[str, Any]) -> str:
     if d.get("undefined") or math.isnan(d["ci_low"]):
         return f"{d['diff']:+.3f}, CI n/a ({d.get('undefined') or 'no interval'})"
     return f"{d['diff']:+.3f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
+
+
+def over_seeds(c: dict[str, Any]) -> str:
+    """A comparison's interval over seeds as a table cell (``—`` where no arm has several seeds)."""
+    if "seed_t" in c:
+        return f"{fmt_diff(c['seed_t'])} (t)"
+    if "seed_welch" not in c:
+        return "—"
+    cell = f"Welch {fmt_diff(c['seed_welch'])}"
+    return cell + (f"; paired {fmt_diff(c['seed_paired'])}" if "seed_paired" in c else "")
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -331,15 +345,17 @@ def markdown(result: dict[str, Any]) -> str:
               "Comparisons (paired bootstrap over questions of the EM difference; 'excludes 0' = the 95 % CI of "
               "the difference excludes 0; 'CIs overlap' = the two arms' own CIs overlap):", "",
               "| comparison | Δ EM overall [95 % CI] | excludes 0 | CIs overlap | Δ single_hop | Δ multi_hop | Δ no_search | "
-              "Δ over seeds (Welch t, 3 v 3 runs) |",
+              "Δ over seeds [95 % CI] |",
               "|---|---|---|---|---|---|---|---|"]
     for name, c in comps.items():
         o = c["overall"]
-        w = c.get("seed_welch")
         excludes = {"significant": "yes", "noise": "no"}.get(o["verdict"], "n/a")
         lines.append(f"| {name} | {fmt_diff(o)} | {excludes} | "
                      f"{'yes' if o['marginal_cis_overlap'] else 'no'} | {fmt_diff(c['single_hop'])} | "
-                     f"{fmt_diff(c['multi_hop'])} | {fmt_diff(c['no_search'])} | {fmt_diff(w) if w else '—'} |")
+                     f"{fmt_diff(c['multi_hop'])} | {fmt_diff(c['no_search'])} | {over_seeds(c)} |")
+    lines += ["", "Δ over seeds: against a one-run greedy baseline, Student's t over the RL arm's per-seed EMs minus "
+              "the baseline's; between two RL arms, Welch's interval and the interval paired by seed (seed s of "
+              "both arms: the same training tasks, sampling seed and starting model)."]
     sft = result["sft"]
     lines += ["", f"SFT warm start: {sft['kept']} oracle episodes (train split) kept of {sft['episodes']}, "
               f"{sft['steps']} optimizer steps, loss {sft['loss_first']:.3f} → {sft['loss_last']:.3f}; "
@@ -359,8 +375,8 @@ def markdown(result: dict[str, Any]) -> str:
               "(Search-R1: ~1000 steps of 512 prompts), so most of any gain over the baselines is the SFT warm "
               "start's, and masked vs unmasked or GRPO vs PPO differences this small are within what "
               f"{meta['eval_questions']} questions × {meta['seeds']} seeds can resolve only if large. The CIs cover "
-              "question sampling with the seeds held fixed; with 3 seeds the seed-to-seed spread is shown, not "
-              "modelled (last column: Welch's interval over the per-seed EMs)."]
+              "question sampling with the seeds held fixed; the last column covers the seed-to-seed spread, over "
+              f"{meta['seeds']} seeds."]
     weak = [LABELS.get(k, k) for k in ("none_base", "rag_base") if k in stats and stats[k]["answered"][0] < 0.5]
     if weak:
         lines += ["", f"Note: {', '.join(weak)} gave an `<answer>` in under half of the episodes "
@@ -420,15 +436,13 @@ def analyse(records: dict[str, list[list[dict]]], n_boot: int) -> tuple[dict, di
     stats = {k: arm_stats(records[k], n_boot) for k in order if k in records}
     comps: dict[str, Any] = {}
     rl_keys = [a for a, _, _ in RL_ARMS if a in records]
-    for key in rl_keys:
-        for other in ("none_base", "rag_base", "sft"):
-            comps[f"{LABELS[key]} − {LABELS[other]}"] = compare(records[key], records[other], stats[key], stats[other], n_boot)
-    for x, y in (("grpo_masked", "grpo_unmasked"), ("grpo_masked", "ppo_masked")):
+    # the baselines, format-matched ones (the same SFT model, no search or one-shot RAG) included
+    pairs = [(key, other) for key in rl_keys for other in ("none_base", "rag_base", "sft", "none_sft", "rag_sft")]
+    pairs += [("grpo_masked", "grpo_unmasked"), ("grpo_masked", "ppo_masked")]
+    pairs += [("sft", other) for other in ("none_base", "rag_base", "none_sft", "rag_sft")]
+    for x, y in pairs:
         if x in records and y in records:
             comps[f"{LABELS[x]} − {LABELS[y]}"] = compare(records[x], records[y], stats[x], stats[y], n_boot)
-    for other in ("none_base", "rag_base"):
-        comps[f"{LABELS['sft']} − {LABELS[other]}"] = compare(records["sft"], records[other], stats["sft"],
-                                                              stats[other], n_boot)
     return stats, comps
 
 
