@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PRECISIONS", "Precision", "resolve_precision", "probe_cpu_bf16", "check_precision", "cpu_identity"]
+__all__ = ["PRECISIONS", "Precision", "resolve_precision", "probe_cpu_bf16", "check_precision", "cpu_identity",
+           "learner_precision"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
 #: set to fp32 or bf16, what ``auto`` resolves to on a CPU without probing: numerics that do not depend on
@@ -181,3 +182,14 @@ def resolve_precision(setting: str, device: Any = "cpu", *, refresh_probe: bool 
     reason = (f"bf16 measured {probe['speedup']:.2f}x fp32 on this CPU" if faster else
               f"bf16 not faster here ({probe['speedup']:.2f}x fp32; needs >= {MIN_SPEEDUP}x)")
     return Precision("bf16" if faster else "fp32", device_type, setting, reason, probe)
+
+
+def learner_precision(precision: Any, device: Any) -> Precision:
+    """A :class:`~agentgym.precision.Precision` from ``precision`` (one, or ``auto`` / ``fp32`` / ``bf16``);
+    None = the library default: bf16 autocast on CUDA, fp32 elsewhere (no probe, so direct library use and
+    the numeric parity tests stay fp32 on every CPU)."""
+    if isinstance(precision, Precision):
+        return precision
+    if precision is None:
+        return Precision("bf16" if device.type == "cuda" else "fp32", device.type, "default", "library default")
+    return resolve_precision(str(precision), device)

@@ -82,7 +82,7 @@ def make_learner(name: str, policy: Any, config: Any = None, *, separate_sampler
 
     ``config``: a :class:`~agentgym.algorithms.config.LearnerConfig` (the flat user-facing one), the
     learner's typed config, or None for its defaults. ``separate_sampler``: another engine samples the rollouts (see
-    ``UpdateConfig.old_logprobs``). ``precision``: see :func:`~agentgym.algorithms.learner.learner_precision`.
+    ``UpdateConfig.old_logprobs``). ``precision``: see :func:`~agentgym.precision.learner_precision`.
     """
     cls = LEARNERS.lookup(name)
     return cls(policy, config, separate_sampler=separate_sampler, fsdp=fsdp, precision=precision)

@@ -35,6 +35,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 from torch import nn
 
+from agentgym.precision import learner_precision
 from agentgym.trajectory import Trajectory
 
 from agentgym.algorithms import distributed
@@ -105,6 +106,7 @@ class Learner(LearnerState):
         self._build_optimizer()
         self.step = 0
         self._temperature = cfg.temperature or 1.0
+        self._positions_of, self._positions_at = None, None   # _logit_positions' last micro-batch, its positions
 
     def _build_models(self, model: nn.Module) -> None:
         """The trained module (LoRA-wrapped when asked), the frozen reference, the critic; sharded under FSDP."""
@@ -434,8 +436,12 @@ class Learner(LearnerState):
         return self.precision.autocast()
 
     def _logit_positions(self, micro: Batch) -> torch.Tensor:
-        """Where a loss, ratio, KL or divergence reads a log-prob (``Batch.logit_positions``)."""
-        return micro.logit_positions(self._train_mask(micro) + micro.loss_mask)
+        """Where a loss, ratio, KL or divergence reads a log-prob (``Batch.logit_positions``); kept for the
+        last micro-batch (its forward and log-probs read them; a ``nonzero`` waits for the device)."""
+        if self._positions_of is not micro:
+            self._positions_of = micro
+            self._positions_at = micro.logit_positions(self._train_mask(micro) + micro.loss_mask)
+        return self._positions_at
 
     def _model_outputs(self, model: nn.Module, micro: Batch, hidden: bool = False, logits: bool = True) -> Any:
         return model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, position_ids=micro.position_ids,
@@ -486,15 +492,3 @@ class Learner(LearnerState):
             groups += [{"params": decay, "lr": lr, "role": role},
                        {"params": no_decay, "lr": lr, "weight_decay": 0.0, "role": role}]
         return [g for g in groups if g["params"]]
-
-
-def learner_precision(precision: Any, device: torch.device) -> Any:
-    """A :class:`~agentgym.precision.Precision` from ``precision`` (one, or ``auto`` / ``fp32`` / ``bf16``);
-    None = the library default: bf16 autocast on CUDA, fp32 elsewhere (no probe, so direct library use and
-    the numeric parity tests stay fp32 on every CPU)."""
-    from agentgym.precision import Precision, resolve_precision
-    if isinstance(precision, Precision):
-        return precision
-    if precision is None:
-        return Precision("bf16" if device.type == "cuda" else "fp32", device.type, "default", "library default")
-    return resolve_precision(str(precision), device)

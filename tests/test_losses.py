@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentgym.algorithms import losses
-from agentgym.algorithms.batch import collate
+from agentgym.algorithms.batch import Batch, collate
 from agentgym.algorithms import LearnerConfig, make_learner
 from agentgym.algorithms.losses import (LossSettings, aggregate, cispo_surrogate, clipped_surrogate,
                                         clipped_value_loss, dual_clip_surrogate, entropy_from_logits, gspo_surrogate,
@@ -426,6 +426,21 @@ def test_learner_update_gives_env_tokens_zero_gradient_only_when_masking(name, e
     grad, batch = _captured_logit_grads(name, False, episodes)
     at_env = grad[:, :-1][env[:, 1:]]
     assert (at_env.abs().sum(-1) > 0).all(), "with mask_env_tokens=False every env token must carry loss"
+
+
+def test_a_micro_batch_finds_its_logit_positions_once(episodes, monkeypatch):
+    """The forward pass and the log-probs of a micro-batch read the same positions: they are found once
+    per micro-batch (a ``nonzero``, which waits for a GPU), also with a reference pass (kl_coef > 0)."""
+    asked = []
+    real = Batch.logit_positions
+
+    def counting(self, needed):
+        asked.append(self)      # the objects kept alive, so that ids are not reused
+        return real(self, needed)
+    monkeypatch.setattr(Batch, "logit_positions", counting)
+    learner = make_learner("grpo", new_policy(), LearnerConfig(lr=1e-3, kl_coef=0.1, micro_batch_size=2))
+    learner.update(copy.deepcopy(episodes))
+    assert len(asked) >= 2 and len({id(b) for b in asked}) == len(asked)
 
 
 # --------------------------------------------------------------------------- non-finite losses
