@@ -67,6 +67,7 @@ from agentgym.algorithms.compare_arms import (EXTERNAL_ALGOS, HARNESS_KEYS, Comp
 from agentgym.algorithms.compare_report import (CSV_COLUMNS, _check_same_tasks, _g, _json_default,  # noqa: F401
                                                 is_negative_control, markdown_table, plot_comparison,
                                                 summarize_runs, write_artifacts, write_csv)
+from agentgym.algorithms.run_control import release_memory
 from agentgym.algorithms.trainer import TrainConfig, Trainer
 
 # the arms (compare_arms.py) and the report (compare_report.py) are importable from here too
@@ -292,4 +293,7 @@ def _run_all(configs: Sequence[tuple[Variant, TrainConfig]], *, resume: bool, ke
         log(f"{head} done in {rec.wall_s:.0f}s: train reward {_g(h[0], 'rollout/reward_mean'):+.3f} -> "
             f"{_g(h[-1], 'rollout/reward_mean'):+.3f}, held-out success {_g(rec.before, 'eval/success_rate'):.2f} "
             f"-> {_g(rec.after, 'eval/success_rate'):.2f}")
+        before, after = release_memory()   # glibc keeps a finished run's heap mapped unless told
+        if before is not None and after is not None:
+            log(f"{head} memory: process RSS {before / 2**30:.1f} -> {after / 2**30:.1f} GiB, the run freed")
     return records

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["latest_checkpoint", "checkpoint_step", "finished_run", "interrupted_run", "TrainingInterrupted", "WholeSteps"]
+__all__ = ["latest_checkpoint", "checkpoint_step", "finished_run", "interrupted_run", "TrainingInterrupted", "WholeSteps",
+           "release_memory", "rss_bytes"]
 
 
 def latest_checkpoint(out: str | Path) -> Path | None:
@@ -95,3 +96,34 @@ class WholeSteps:
             self.critical = False
         if self.pending:
             raise KeyboardInterrupt
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory (Linux ``/proc``), or None where it cannot be read."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def release_memory() -> tuple[int | None, int | None]:
+    """Between runs in one process (a comparison, a study): collect garbage, give CUDA's cached blocks back
+    and, with glibc, the heap's freed pages to the system (``malloc_trim``). Best-effort, never raises;
+    returns the resident memory before and after (None where unknown).
+
+    A run frees its models, optimizer and batches when it ends, but glibc keeps most of that heap mapped:
+    a Math-v0 comparison's process grew from ~4 to ~7 GB over six SmolLM2 runs with no tensor left alive
+    from one run to the next, which is what runs two studies side by side on a 23 GB machine out of memory."""
+    import ctypes
+    import gc
+    before = rss_bytes()
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc (macOS, musl): nothing to trim this way
+        pass
+    return before, rss_bytes()

@@ -61,14 +61,6 @@ LABELS = {"none_base": "(a) no search, base model", "rag_base": "(b) RAG, base m
           "none_sft": "no search, SFT model", "rag_sft": "RAG, SFT model"}
 
 
-def rss_gb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 2**20
-    except (OSError, StopIteration):
-        return float("nan")
-
-
 def log(msg: str) -> None:
     print(f"[{datetime.now().strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -656,7 +648,10 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
             run = run_rl(policy, cfg, algo, mask, seed, runs_dir / name, args.keep_checkpoints,
                          checkpoint_every=args.checkpoint_every, resume=args.resume)
             timings[f"rl_{name}"] = time.perf_counter() - t0
-            log(f"  {name}: {timings[f'rl_{name}']:.0f} s, process RSS {rss_gb():.1f} GiB")
+            from agentgym.algorithms.run_control import release_memory
+            before, after = release_memory()
+            log(f"  {name}: {timings[f'rl_{name}']:.0f} s, process RSS {(before or 0) / 2**30:.1f} GiB, "
+                f"{(after or 0) / 2**30:.1f} GiB once the run's memory was released")
             recs = timed_eval(policy, name, "agentic")
             rl[key].append(run)       # finished only with its eval: both or neither are kept
             records[key].append(recs)
