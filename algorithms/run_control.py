@@ -114,7 +114,7 @@ def release_memory() -> tuple[int | None, int | None]:
 
     A run frees its models, optimizer and batches when it ends, but glibc keeps most of that heap mapped:
     a Math-v0 comparison's process grew from ~4 to ~7 GB over six SmolLM2 runs with no tensor left alive
-    from one run to the next, which is what runs two studies side by side on a 23 GB machine out of memory."""
+    from one run to the next: memory that two studies sharing a 23 GB machine need back."""
     import ctypes
     import gc
     before = rss_bytes()
