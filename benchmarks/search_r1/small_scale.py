@@ -650,8 +650,9 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
             timings[f"rl_{name}"] = time.perf_counter() - t0
             from agentgym.algorithms.run_control import release_memory
             before, after = release_memory()
-            log(f"  {name}: {timings[f'rl_{name}']:.0f} s, process RSS {(before or 0) / 2**30:.1f} GiB, "
-                f"{(after or 0) / 2**30:.1f} GiB once the run's memory was released")
+            log(f"  {name}: {timings[f'rl_{name}']:.0f} s" + (
+                f", process RSS {before / 2**30:.1f} -> {after / 2**30:.1f} GiB once the run's memory was released"
+                if before is not None and after is not None else ""))
             recs = timed_eval(policy, name, "agentic")
             rl[key].append(run)       # finished only with its eval: both or neither are kept
             records[key].append(recs)
