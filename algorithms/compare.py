@@ -4,7 +4,7 @@
 :class:`~agentgym.algorithms.trainer.Trainer` per (algorithm, seed) — the training loop is not
 duplicated here — each in ``OUT/<algo>/seed<k>/``, then writes into ``OUT``:
 
-- ``compare.csv``: long format, one row per (algo, seed, step) (``phase=train``) plus the greedy
+- ``compare.csv``: long format, one row per (algo, seed, step) (``phase=train``) plus the
   held-out evals before and after training (``phase=eval``, steps 0 and K);
 - ``compare.png``: mean ± std (over seeds) learning curves per algorithm, against episodes;
 - ``compare.md``: the summary table (definitions below it);
@@ -27,7 +27,8 @@ between variants. What does differ is compute per update (PPO also trains a valu
 ``learner.<key>``). That is the retrieved-token masking ablation in one command.
 
 **Metrics** (train metrics are the sampled rollouts' own rewards, i.e. on-policy and noisy; the eval
-is greedy on the same held-out tasks before and after):
+is on the same held-out tasks before and after: greedy, or with ``eval.samples=k`` each task's
+success averaged over k sampled episodes, which sees a gain that leaves the argmax unchanged):
 
 - *final reward / success*: the last training step's batch mean, mean ± std over seeds;
 - *AUC*: the mean training reward over all steps (area under the reward-vs-episodes curve divided
@@ -85,20 +86,21 @@ def _prompt_digest(batch: Any) -> tuple[str, list[int | None]]:
 
 def run_trl_grpo(cfg: TrainConfig, policy: Any | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """One ``trl-grpo`` run with ``cfg``'s budget and sampling, evaluated like a :class:`Trainer` run
-    (greedy on the same held-out tasks before and after); returns what ``Trainer.train`` returns."""
+    (on the same held-out tasks before and after); returns what ``Trainer.train`` returns."""
     from agentgym.config import save_config
     from agentgym.rollout import RolloutEngine
 
-    from agentgym.algorithms.trainer import held_out_eval, rollout_config
+    from agentgym.algorithms.trainer import eval_rollout_config, held_out_eval, task_successes
     train_with_trl = _external_runner("trl-grpo")
     if policy is None:
         from agentgym.policies.transformers_policy import TransformersPolicy
         policy = TransformersPolicy.tiny_random(seed=cfg.seed)  # the trainer's tiny-random, same seed
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     save_config(cfg, Path(cfg.output_dir) / "config.yaml")
-    evaluator = RolloutEngine(policy, rollout_config(cfg, greedy=True))  # reads policy.model at every call
+    evaluator = RolloutEngine(policy, eval_rollout_config(cfg))  # reads policy.model at every call
     try:
-        before, _ = held_out_eval(evaluator, cfg)
+        before, trajectories = held_out_eval(evaluator, cfg)
+        before["successes"] = task_successes(cfg, trajectories)
         log(f"[eval before @ step 0] success {before['eval/success_rate']:.3f}  "
             f"reward {before['eval/reward_mean']:+.3f}")
         total, micro = cfg.groups_per_step * cfg.group_size, cfg.learner.micro_batch_size
@@ -109,7 +111,8 @@ def run_trl_grpo(cfg: TrainConfig, policy: Any | None = None, log: Callable[[str
             max_context_tokens=cfg.max_context_tokens, style=cfg.style, learning_rate=cfg.learner.lr,
             temperature=cfg.sampling.temperature, beta=cfg.learner.kl_coef, seed=cfg.seed,
             output_dir=cfg.output_dir, trl_args={"top_p": cfg.sampling.top_p}, debug_checks=cfg.debug_checks)
-        after, _ = held_out_eval(evaluator, cfg)
+        after, trajectories = held_out_eval(evaluator, cfg)
+        after["successes"] = task_successes(cfg, trajectories)
         log(f"[eval after @ step {cfg.steps}] success {after['eval/success_rate']:.3f}  "
             f"reward {after['eval/reward_mean']:+.3f}")
     finally:

@@ -220,8 +220,8 @@ def _paired_lines(paired: Sequence[Mapping[str, Any]]) -> list[str]:
 def write_csv(records: Sequence[RunRecord], per_step: int, path: Path) -> None:
     """The long-format CSV (columns :data:`CSV_COLUMNS`).
 
-    ``reward`` / ``success``: the step's sampled batch means (train) or the greedy held-out eval
-    (eval); ``tokens``: generated tokens; ``wall_s``: cumulative seconds of the training loop so far;
+    ``reward`` / ``success``: the step's sampled batch means (train) or the held-out eval's (greedy, or
+    the mean of ``eval.samples`` per task) (eval); ``tokens``: generated tokens; ``wall_s``: cumulative seconds of the training loop so far;
     ``run_wall_s`` (last eval row): the whole run including model copy and evals; ``tasks``: the
     digest of the step's prompts (equal across algos at each (seed, step)).
     """
@@ -251,8 +251,9 @@ def write_csv(records: Sequence[RunRecord], per_step: int, path: Path) -> None:
 
 
 def plot_comparison(records: Sequence[RunRecord], variants: Sequence[Variant], per_step: int, path: Path,
-                    title: str) -> None:
-    """Mean ± std over seeds of training reward and success against episodes, and the held-out eval."""
+                    title: str, scored: str = "greedy") -> None:
+    """Mean ± std over seeds of training reward and success against episodes, and the held-out eval
+    (``scored``: how a held-out task is scored, :meth:`EvalConfig.describe`)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -276,7 +277,7 @@ def plot_comparison(records: Sequence[RunRecord], variants: Sequence[Variant], p
         axes[2].errorbar([0, steps * per_step], [before[0], after[0]], yerr=[before[1], after[1]], marker="o",
                          capsize=4, color=colour, label=v.label)
     for ax, name in zip(axes, ("training reward (sampled)", "training success (sampled)",
-                               "held-out success (greedy) before / after")):
+                               f"held-out success ({scored}) before / after")):
         ax.set_title(name)
         ax.set_xlabel("training episodes")
         if "success" in name:
@@ -325,7 +326,7 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
               f"reward over all steps. *episodes to {pct} %*: first training episode count at which the seed-mean reward "
               f"reaches r0 + {threshold:g}·(r* − r0), r0 = {ref['r0']:+.3f} (mean first-step reward, all runs), "
               f"r* = {ref['best_final']:+.3f} (best final seed-mean), target {ref['target']:+.3f}; — = never, or no "
-              "algo improved on r0. *held-out*: greedy, on the same "
+              f"algo improved on r0. *held-out*: {base.eval.describe()} per task, on the same "
               f"{base.eval.episodes} test tasks before and after. *train s*: the training loop (rollouts + updates); "
               "*run wall*: also model copy and both evals. *95 % CI*: Student's t interval over seeds (with few "
               "seeds it is wide; a bootstrap over 3 seeds would be falsely narrow). *n/a (1 seed)*: one seed has "
@@ -424,7 +425,8 @@ def write_artifacts(out: Path, records: Sequence[RunRecord], variants: Sequence[
     per_step = base.groups_per_step * base.group_size
     paths = {ext: out / f"compare.{ext}" for ext in ("csv", "png", "md", "json")}
     write_csv(records, per_step, paths["csv"])
-    plot_comparison(records, variants, per_step, paths["png"], title=f"{base.env} · {base.model} · {len(seeds)} seeds")
+    plot_comparison(records, variants, per_step, paths["png"], title=f"{base.env} · {base.model} · {len(seeds)} seeds",
+                    scored=base.eval.describe())
     paths["md"].write_text(markdown_table(summary, base, seeds, steps, per_step, threshold, same_tasks))
     paths["json"].write_text(json.dumps({
         "date": datetime.date.today().isoformat(), "env": base.env, "model": base.model, "seeds": list(seeds),

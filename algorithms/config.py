@@ -338,7 +338,8 @@ def _train_rollout() -> RolloutConfig:
 
 @dataclass
 class EvalConfig:
-    """The held-out evals of a training run (``eval.*``): greedy, with the run's token layout."""
+    """The held-out evals of a training run (``eval.*``): greedy (or ``samples`` sampled episodes per
+    task), with the run's token layout."""
     every: int = field(default=0, metadata={
         "help": "steps between evals, >= 0 (0: only before and after training)"})
     episodes: int = field(default=16, metadata={"help": "episodes per eval, >= 1"})
@@ -346,6 +347,14 @@ class EvalConfig:
         "help": "env arguments of the evals (the held-out split)"})
     first_task: int = field(default=0, metadata={
         "help": "index of the first eval task, >= 0: the same tasks at every eval"})
+    samples: int = field(default=0, metadata={
+        "help": "0: one greedy episode per task; k >= 1: k episodes per task sampled as in training "
+                "(rollout.sampling), a task's success the mean of its k (mean@k: what RL optimizes, and "
+                "finer per task than greedy's 0/1, which a gain below the argmax leaves unchanged)"})
+
+    def describe(self) -> str:
+        """How a held-out task is scored, for logs and reports: ``greedy`` or ``mean of k samples``."""
+        return "greedy" if self.samples == 0 else f"mean of {self.samples} sample{'s' * (self.samples > 1)}"
 
 @dataclass
 class TrainConfig(RolloutViews):
@@ -437,8 +446,8 @@ class TrainConfig(RolloutViews):
             raise ValueError(f"checkpoint_every must be >= 0 (0: only the final checkpoint), got {self.checkpoint_every}")
         if self.keep_checkpoints < 1:
             raise ValueError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
-        if self.eval.every < 0 or self.eval.first_task < 0 or self.eval.episodes < 1:
-            raise ValueError("eval.every and eval.first_task must be >= 0, eval.episodes >= 1")
+        if self.eval.every < 0 or self.eval.first_task < 0 or self.eval.samples < 0 or self.eval.episodes < 1:
+            raise ValueError("eval.every, eval.first_task and eval.samples must be >= 0, eval.episodes >= 1")
         if not self.output_dir:
             raise ValueError("output_dir must not be empty")
         if self.rollout_workers < 0:

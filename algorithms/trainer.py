@@ -19,7 +19,7 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -38,8 +38,8 @@ from agentgym.algorithms.run_control import (TrainingInterrupted, WholeSteps, ch
                                              interrupted_run, latest_checkpoint)
 from agentgym.algorithms.config import EvalConfig, TrainConfig, torch_dtype
 
-__all__ = ["TrainConfig", "EvalConfig", "train", "Trainer", "rollout_config", "held_out_eval", "TrainingInterrupted",
-           "finished_run", "interrupted_run", "latest_checkpoint"]
+__all__ = ["TrainConfig", "EvalConfig", "train", "Trainer", "rollout_config", "eval_rollout_config", "held_out_eval",
+           "task_successes", "TrainingInterrupted", "finished_run", "interrupted_run", "latest_checkpoint"]
 
 
 def _set_seed(seed: int) -> None:
@@ -57,16 +57,39 @@ def rollout_config(cfg: TrainConfig, greedy: bool = False) -> RolloutConfig:
     return cfg.rollout.greedy() if greedy else cfg.rollout
 
 
+def eval_rollout_config(cfg: TrainConfig) -> RolloutConfig:
+    """The rollout settings of a run's held-out evals: greedy, or the training sampling when
+    ``eval.samples`` >= 1."""
+    return rollout_config(cfg, greedy=cfg.eval.samples == 0)
+
+
 def held_out_eval(engine: RolloutEngine, cfg: TrainConfig,
                   progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, float], list[Any]]:
     """The eval of every run: the same held-out tasks (``eval.first_task`` on, the eval split), so runs
     and algorithms (including ones trained outside :class:`Trainer`) are compared on equal terms.
-    Returns ``eval/``-prefixed metrics and the trajectories."""
+    ``engine`` runs :func:`eval_rollout_config`; with ``eval.samples`` = k >= 1 every task gets k
+    episodes (sampling seeded by ``cfg.seed``: runs of one seed draw the same random numbers).
+    Returns ``eval/``-prefixed metrics (``eval/success_rate``: over all episodes) and the trajectories,
+    task by task (see :func:`task_successes`)."""
     e = cfg.eval
     indices = list(range(e.first_task, e.first_task + e.episodes))
-    batch = engine.collect(cfg.env, task_indices=indices, seed=cfg.seed, env_kwargs={**cfg.env_kwargs, **e.env_kwargs},
-                           progress=progress)
+    batch = engine.collect(cfg.env, task_indices=indices, group_size=max(1, e.samples), seed=cfg.seed,
+                           env_kwargs={**cfg.env_kwargs, **e.env_kwargs}, progress=progress)
     return {f"eval/{k}": v for k, v in batch.metrics.items() if not k.startswith("time/")}, batch.trajectories
+
+
+def task_successes(cfg: TrainConfig, trajectories: Sequence[Any]) -> list[float]:
+    """Each held-out task's success, in task order, from :func:`held_out_eval`'s trajectories: 0 or 1
+    when greedy, the mean of its ``eval.samples`` episodes otherwise (for the paired CIs over tasks)."""
+    k = max(1, cfg.eval.samples)
+    ok = [float(bool(t.episode.get("success"))) for t in trajectories]
+    if len(ok) != k * cfg.eval.episodes:
+        raise ValueError(f"{len(ok)} eval trajectories, expected eval.episodes x max(1, eval.samples) = "
+                         f"{cfg.eval.episodes} x {k}")
+    groups = [trajectories[i:i + k] for i in range(0, len(ok), k)]
+    if any(len({getattr(t, "task_index", None) for t in g}) > 1 for g in groups):
+        raise ValueError("eval trajectories are not task by task (collect returns them group by group)")
+    return [sum(ok[i:i + k]) / k for i in range(0, len(ok), k)]
 
 
 class Trainer:
@@ -123,7 +146,7 @@ class Trainer:
         # every step's batch comes through it; with max_staleness >= 1 it generates one step ahead
         self.sampling = Prefetcher(self._collect)
         self.sampler_version = 0    # the learner step whose weights the sampler holds
-        self.eval_engine = RolloutEngine(self.policy, rollout_config(cfg, greedy=True))
+        self.eval_engine = RolloutEngine(self.policy, eval_rollout_config(cfg))
         self.step = 0
         self.health = HealthMonitor(cfg.health)
         self.history: list[dict[str, float]] = []
@@ -243,15 +266,16 @@ class Trainer:
         from tqdm import tqdm
 
         from agentgym.app.evaluation import show_generating
-        with tqdm(total=self.cfg.eval.episodes, desc=f"eval {tag} (held-out, greedy)", unit="ep", leave=False,
-                  position=1 if self._bar is not None else 0) as bar:
+        e = self.cfg.eval
+        with tqdm(total=e.episodes * max(1, e.samples), desc=f"eval {tag} (held-out, {e.describe()})", unit="ep",
+                  leave=False, position=1 if self._bar is not None else 0) as bar:
             def progress(done: int, total: int, tokens: int = 0, generating: tuple[int, int] | None = None) -> None:
                 bar.update(done - bar.n)     # episodes ended; while a batch generates, its sequences done
                 show_generating(bar, tokens, generating)
             metrics, trajectories = held_out_eval(self.eval_engine, self.cfg, progress=progress)
         m = {"step": float(self.step), **metrics}
         # per held-out task (episode order = task order), for the paired CI of the gain
-        m["successes"] = [float(bool(t.episode.get("success"))) for t in trajectories]
+        m["successes"] = task_successes(self.cfg, trajectories)
         self.evals.append({"tag": tag, **m})
         self.log(f"[eval {tag} @ step {self.step}] success {m['eval/success_rate']:.3f}  reward {m['eval/reward_mean']:+.3f}")
         return m, trajectories

@@ -105,3 +105,35 @@ def test_backend_options_reach_the_sampler_and_bad_ones_are_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown hf backend option"):
         Trainer(TrainConfig(model="tiny-random", backend="hf", backend_options={"gpu_memory_utilization": 0.3},
                             output_dir=str(tmp_path / "b"), tensorboard=False))
+
+
+def test_sampled_held_out_eval_scores_each_task_by_the_mean_of_its_samples(tmp_path):
+    """eval.samples=k: k episodes per held-out task, sampled as in training; a task's success is their mean."""
+    from types import SimpleNamespace
+
+    from agentgym.algorithms.trainer import Trainer, eval_rollout_config, task_successes
+    base = ["model=tiny-random", "env=Arithmetic-v0", "env_kwargs={hard_fraction: 0.0, max_turns: 2}",
+            "eval.episodes=2", "sampling.max_new_tokens=4", "tensorboard=false"]
+    greedy = load_config(TrainConfig, overrides=base)
+    cfg = load_config(TrainConfig, overrides=[*base, "eval.samples=3", f"output_dir={tmp_path / 'a'}"])
+    assert eval_rollout_config(greedy).sampling.greedy and greedy.eval.describe() == "greedy"
+    assert not eval_rollout_config(cfg).sampling.greedy and cfg.eval.describe() == "mean of 3 samples"
+    assert eval_rollout_config(cfg).sampling.temperature == cfg.sampling.temperature
+
+    m, trajectories = Trainer(cfg).evaluate("before")
+    assert [t.task_index for t in trajectories] == [0, 0, 0, 1, 1, 1]   # the same tasks as greedy, 3 each
+    assert len({tuple(t.token_ids) for t in trajectories[:3]}) > 1       # sampled, not 3 copies of greedy
+    ok = [float(bool(t.episode["success"])) for t in trajectories]
+    assert m["successes"] == [sum(ok[:3]) / 3, sum(ok[3:]) / 3]
+    assert m["eval/success_rate"] == pytest.approx(sum(ok) / 6)
+
+    def traj(task, success):
+        return SimpleNamespace(task_index=task, episode={"success": success})
+    assert task_successes(cfg, [traj(0, True), traj(0, False), traj(0, True),
+                                traj(1, False), traj(1, False), traj(1, True)]) == [2 / 3, 1 / 3]
+    with pytest.raises(ValueError, match="expected eval.episodes x"):
+        task_successes(cfg, [traj(0, True)] * 5)
+    with pytest.raises(ValueError, match="task by task"):
+        task_successes(cfg, [traj(0, True), traj(1, True), traj(0, True)] * 2)
+    with pytest.raises(ConfigError, match="eval.samples"):
+        load_config(TrainConfig, overrides=[*base, "eval.samples=-1"])

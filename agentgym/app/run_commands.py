@@ -109,7 +109,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     b, a = result["before"], result["after"]
     print_metrics({"success before": b["eval/success_rate"], "success after": a["eval/success_rate"],
                     "reward before": b["eval/reward_mean"], "reward after": a["eval/reward_mean"]},
-                   f"greedy eval on {cfg.eval.episodes} held-out tasks")
+                   f"held-out eval on {cfg.eval.episodes} tasks ({cfg.eval.describe()})")
     g = result.get("gain")
     if g is not None:
         from agentgym.app.stats import format_ci
