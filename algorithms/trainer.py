@@ -58,9 +58,13 @@ def rollout_config(cfg: TrainConfig, greedy: bool = False) -> RolloutConfig:
 
 
 def eval_rollout_config(cfg: TrainConfig) -> RolloutConfig:
-    """The rollout settings of a run's held-out evals: greedy, or the training sampling when
-    ``eval.samples`` >= 1."""
-    return rollout_config(cfg, greedy=cfg.eval.samples == 0)
+    """The rollout settings of a run's held-out evals: greedy, or when ``eval.samples`` >= 1 the
+    training sampling with a fixed seed (``sampling.seed``, else the run's ``seed``), so every eval of
+    one seed, in every arm of a comparison, draws the same random numbers."""
+    if cfg.eval.samples == 0:
+        return rollout_config(cfg, greedy=True)
+    sampling = cfg.rollout.sampling
+    return cfg.rollout.replace(sampling=sampling.replace(seed=cfg.seed if sampling.seed is None else sampling.seed))
 
 
 def held_out_eval(engine: RolloutEngine, cfg: TrainConfig,
@@ -68,7 +72,7 @@ def held_out_eval(engine: RolloutEngine, cfg: TrainConfig,
     """The eval of every run: the same held-out tasks (``eval.first_task`` on, the eval split), so runs
     and algorithms (including ones trained outside :class:`Trainer`) are compared on equal terms.
     ``engine`` runs :func:`eval_rollout_config`; with ``eval.samples`` = k >= 1 every task gets k
-    episodes (sampling seeded by ``cfg.seed``: runs of one seed draw the same random numbers).
+    sampled episodes.
     Returns ``eval/``-prefixed metrics (``eval/success_rate``: over all episodes) and the trajectories,
     task by task (see :func:`task_successes`)."""
     e = cfg.eval

@@ -119,8 +119,15 @@ def test_sampled_held_out_eval_scores_each_task_by_the_mean_of_its_samples(tmp_p
     assert eval_rollout_config(greedy).sampling.greedy and greedy.eval.describe() == "greedy"
     assert not eval_rollout_config(cfg).sampling.greedy and cfg.eval.describe() == "mean of 3 samples"
     assert eval_rollout_config(cfg).sampling.temperature == cfg.sampling.temperature
+    assert eval_rollout_config(cfg).sampling.seed == cfg.seed and cfg.sampling.seed is None   # same draws every eval
 
-    m, trajectories = Trainer(cfg).evaluate("before")
+    trainer = Trainer(cfg)
+    m, trajectories = trainer.evaluate("before")
+    import torch
+    torch.rand(1000)                                  # whatever ran in between, the next eval draws the same
+    again, again_trajectories = trainer.evaluate("again")
+    assert again["successes"] == m["successes"]
+    assert [t.token_ids for t in again_trajectories] == [t.token_ids for t in trajectories]
     assert [t.task_index for t in trajectories] == [0, 0, 0, 1, 1, 1]   # the same tasks as greedy, 3 each
     assert len({tuple(t.token_ids) for t in trajectories[:3]}) > 1       # sampled, not 3 copies of greedy
     ok = [float(bool(t.episode["success"])) for t in trajectories]
