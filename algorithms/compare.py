@@ -22,6 +22,11 @@ batch-level / a critic), so they get exactly the data GRPO gets. Settings that d
 distribution or the budget (env, steps, seeds, layout, model, sampling, eval) cannot differ
 between variants. What does differ is compute per update (PPO also trains a value head; ``epochs``).
 
+**The eval before training is made once per seed.** The arms of one seed start from the same weights
+and are evaluated on the same held-out tasks with the same draws (greedy, or ``eval.samples`` with a
+fixed seed), so the first arm's eval before training is every arm's (:data:`BEFORE_EVAL_KEYS`: the
+settings that must agree); each run's log says whose eval it took.
+
 **Variants** of one learner are compared the same way: ``--algos grpo,grpo:mask_env_tokens=false``
 (``ALGO[:key=value[:key=value…]]``; a bare key that is a :class:`LearnerConfig` field means
 ``learner.<key>``). That is the retrieved-token masking ablation in one command.
@@ -58,7 +63,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from agentgym.config import load_config, same_config, to_dict
 
@@ -136,7 +141,21 @@ def _external_runner(algo: str) -> Callable[..., dict[str, Any]]:
     return fn
 
 
-def _run_one(cfg: TrainConfig, variant: Variant, policies: _PolicySource, log: Callable[[str], None]) -> RunRecord:
+#: the settings that decide a run's eval before training: its initial weights, held-out tasks and draws.
+#: Arms of one seed that agree on all of them (a comparison's arms differ only in the learner) share it.
+BEFORE_EVAL_KEYS = ("env", "env_kwargs", "model", "seed", "rollout", "eval", "device", "backend", "backend_options",
+                    "dtype", "precision")
+
+
+def _before_eval_key(cfg: TrainConfig) -> str:
+    d = to_dict(cfg)
+    return json.dumps({k: d[k] for k in BEFORE_EVAL_KEYS}, sort_keys=True, default=str)
+
+
+def _run_one(cfg: TrainConfig, variant: Variant, policies: _PolicySource, log: Callable[[str], None],
+             before: tuple[Mapping[str, Any], str] | None = None) -> RunRecord:
+    """One run. ``before``: (eval, which run made it), an eval before training by an earlier run with the
+    same :data:`BEFORE_EVAL_KEYS`, used instead of evaluating the same weights on the same draws again."""
     rec = RunRecord(variant.label, variant.algo, cfg.seed, cfg.output_dir, to_dict(cfg))
 
     def on_step(step: int, batch: Any, row: dict[str, float]) -> None:
@@ -149,7 +168,10 @@ def _run_one(cfg: TrainConfig, variant: Variant, policies: _PolicySource, log: C
         result = run_trl_grpo(cfg, policies.fresh(cfg), log=log)
     else:
         # a leftover directory here is an unfinished or changed run of this comparison: start it afresh
-        result = Trainer(cfg, policy=policies.fresh(cfg), log=log, on_step=on_step).train(overwrite=True)
+        trainer = Trainer(cfg, policy=policies.fresh(cfg), log=log, on_step=on_step)
+        if before is not None:
+            trainer.use_before_eval(*before)
+        result = trainer.train(overwrite=True)
     rec.wall_s = time.perf_counter() - t0
     rec.history = [{k: v for k, v in row.items() if isinstance(v, (int, float))} for row in result["history"]]
     rec.before, rec.after = dict(result.get("before", {})), dict(result.get("after", {}))
@@ -278,16 +300,22 @@ def _run_all(configs: Sequence[tuple[Variant, TrainConfig]], *, resume: bool, ke
     """Every planned run in order; with ``resume``, a finished run with an unchanged config is reused."""
     policies = _PolicySource()
     records: list[RunRecord] = []
+    befores: dict[str, tuple[dict[str, Any], str]] = {}   # an eval before training per BEFORE_EVAL_KEYS
     for i, (v, cfg) in enumerate(configs, 1):
         head = f"[compare {i}/{len(configs)}] {v.label} seed={cfg.seed}"
         done_file = Path(cfg.output_dir) / "compare_run.json"
+        key = _before_eval_key(cfg)
         reused = _reusable(cfg) if resume else None
         if reused is not None:
             records.append(reused)
+            if reused.before and key not in befores:
+                befores[key] = (reused.before, f"{v.label} seed {cfg.seed}")
             log(f"{head}: reused {done_file}")
             continue
         log(f"{head} -> {cfg.output_dir}")
-        rec = _run_one(cfg, v, policies, log)
+        rec = _run_one(cfg, v, policies, log, before=None if v.algo == "trl-grpo" else befores.get(key))
+        if rec.before and key not in befores:
+            befores[key] = (rec.before, f"{v.label} seed {cfg.seed}")
         if not keep_checkpoints:
             shutil.rmtree(Path(cfg.output_dir) / "checkpoints", ignore_errors=True)
         done_file.write_text(json.dumps(dataclasses.asdict(rec)))

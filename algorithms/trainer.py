@@ -19,7 +19,7 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -283,6 +283,18 @@ class Trainer:
         self.evals.append({"tag": tag, **m})
         self.log(f"[eval {tag} @ step {self.step}] success {m['eval/success_rate']:.3f}  reward {m['eval/reward_mean']:+.3f}")
         return m, trajectories
+
+    def use_before_eval(self, before: Mapping[str, Any], source: str) -> None:
+        """Take ``before`` (an :meth:`evaluate` result of this run's initial weights on the same eval, made by
+        another run: ``source``) as this run's eval before training instead of evaluating again. Only
+        valid where the weights, the held-out tasks and the draws are the same, as in a comparison's arms
+        of one seed; :func:`~agentgym.algorithms.compare.compare` checks that."""
+        if self.step != 0 or any(ev["tag"] == "before" for ev in self.evals):
+            raise ValueError("use_before_eval: this run has trained or already has its eval before training")
+        m = {**dict(before), "tag": "before", "step": 0.0}
+        self.evals.append(m)
+        self.log(f"[eval before @ step 0] success {m['eval/success_rate']:.3f}  reward {m['eval/reward_mean']:+.3f} "
+                 f"(the same initial weights, tasks and draws as {source}: its eval, not run again)")
 
     # ------------------------------------------------------------------ loop
     def train(self, resume: bool = False, overwrite: bool = False, prepared: Path | None = None) -> dict[str, Any]:

@@ -356,3 +356,31 @@ def test_a_finished_run_is_reused_after_the_micro_batches_change(tmp_path, capsy
     assert record["config"]["learner"]["micro_batch_tokens"] is None
     assert main([*args, "--resume", *TINY, "learner.lr=3e-5"]) == 0
     assert "[compare 1/1] grpo seed=0 ->" in capsys.readouterr().out
+
+
+def test_arms_of_a_seed_share_the_eval_before_training_which_each_would_have_measured(tmp_path, capsys):
+    """The eval before training is made by a seed's first arm and taken by the others (same weights, tasks
+    and draws; sampled here, eval.samples=2); each arm evaluating itself gets the same numbers, and a
+    resumed comparison takes it from a finished run."""
+    from agentgym.algorithms.trainer import Trainer, TrainConfig
+    from agentgym.config import load_config
+    out = tmp_path / "cmp"
+    args = ["compare", "--env", "Arithmetic-v0", "--algos", "reinforce,ppo", "--steps", "1", "--seeds", "0,1",
+            "--out", str(out)]
+    assert main([*args, *TINY, "eval.samples=2"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("its eval, not run again") == 2             # ppo, seeds 0 and 1
+    runs = {(r["label"], r["seed"]): r for r in json.loads((out / "compare.json").read_text())["runs"]}
+    for seed in (0, 1):
+        shared = runs[("ppo", seed)]["before"]
+        assert shared["successes"] == runs[("reinforce", seed)]["before"]["successes"] and len(shared["successes"]) == 2
+        cfg = load_config(TrainConfig, overrides=[*TINY, "env=Arithmetic-v0", "algo=ppo", f"seed={seed}", "eval.samples=2",
+                                                  f"output_dir={tmp_path / f'alone{seed}'}"])
+        own = Trainer(cfg).evaluate("before")[0]                      # what ppo would have measured itself
+        assert {k: own[k] for k in own if k.startswith("eval/")} == {k: shared[k] for k in shared if k.startswith("eval/")}
+        assert own["successes"] == shared["successes"]
+
+    for seed in (0, 1):                                               # one arm to run again on resume
+        (out / "ppo" / f"seed{seed}" / "compare_run.json").unlink()
+    assert main([*args, "--resume", *TINY, "eval.samples=2"]) == 0
+    assert capsys.readouterr().out.count("(the same initial weights, tasks and draws as reinforce seed") == 2
