@@ -73,7 +73,7 @@ from agentgym.algorithms.compare_arms import (EXTERNAL_ALGOS, HARNESS_KEYS, Comp
 from agentgym.algorithms.compare_report import (CSV_COLUMNS, _check_same_tasks, _g, _json_default,  # noqa: F401
                                                 is_negative_control, markdown_table, plot_comparison,
                                                 summarize_runs, write_artifacts, write_csv)
-from agentgym.algorithms.run_control import release_memory
+from agentgym.algorithms.run_control import latest_checkpoint, release_memory
 from agentgym.algorithms.trainer import TrainConfig, Trainer
 
 # the arms (compare_arms.py) and the report (compare_report.py) are importable from here too
@@ -95,7 +95,7 @@ def run_trl_grpo(cfg: TrainConfig, policy: Any | None = None, log: Callable[[str
     from agentgym.config import save_config
     from agentgym.rollout import RolloutEngine
 
-    from agentgym.algorithms.trainer import eval_rollout_config, held_out_eval, task_successes
+    from agentgym.algorithms.held_out import eval_rollout_config, held_out_eval, task_successes
     train_with_trl = _external_runner("trl-grpo")
     if policy is None:
         from agentgym.policies.transformers_policy import TransformersPolicy
@@ -152,26 +152,52 @@ def _before_eval_key(cfg: TrainConfig) -> str:
     return json.dumps({k: d[k] for k in BEFORE_EVAL_KEYS}, sort_keys=True, default=str)
 
 
+#: a run's per-step task digests, kept beside its checkpoints so that a resumed run still has them all
+TASKS_FILE = "compare_tasks.json"
+
+
+def _resumable(cfg: TrainConfig) -> Path | None:
+    """The newest checkpoint of an unfinished run of this very config in ``cfg.output_dir`` (its
+    ``config.yaml`` equal but for :data:`TrainConfig.RESULT_NEUTRAL`), else None."""
+    import yaml
+    out = Path(cfg.output_dir)
+    ckpt = latest_checkpoint(out)
+    if ckpt is None or not (out / "config.yaml").is_file() or not (out / TASKS_FILE).is_file():
+        return None
+    try:
+        recorded = yaml.safe_load((out / "config.yaml").read_text()) or {}
+    except yaml.YAMLError:
+        return None
+    same = same_config(recorded, to_dict(cfg), to_dict(TrainConfig()), TrainConfig.RESULT_NEUTRAL)
+    return ckpt if same else None
+
+
 def _run_one(cfg: TrainConfig, variant: Variant, policies: _PolicySource, log: Callable[[str], None],
-             before: tuple[Mapping[str, Any], str] | None = None) -> RunRecord:
+             before: tuple[Mapping[str, Any], str] | None = None, resume: bool = False) -> RunRecord:
     """One run. ``before``: (eval, which run made it), an eval before training by an earlier run with the
-    same :data:`BEFORE_EVAL_KEYS`, used instead of evaluating the same weights on the same draws again."""
+    same :data:`BEFORE_EVAL_KEYS`, used instead of evaluating the same weights on the same draws again.
+    ``resume``: go on from the run's last checkpoint (:func:`_resumable` said it has one of this config);
+    otherwise a leftover directory is an unfinished or changed run, started afresh. ``wall_s`` is then
+    this process's share."""
     rec = RunRecord(variant.label, variant.algo, cfg.seed, cfg.output_dir, to_dict(cfg))
+    tasks_file = Path(cfg.output_dir) / TASKS_FILE
+    # step -> (digest, task indices); a resumed run redraws the steps after its checkpoint, the same ones
+    steps: dict[str, Any] = json.loads(tasks_file.read_text()) if resume else {}
 
     def on_step(step: int, batch: Any, row: dict[str, float]) -> None:
-        digest, indices = _prompt_digest(batch)
-        rec.tasks.append(digest)
-        rec.task_indices.append(indices)
+        steps[str(step)] = _prompt_digest(batch)
+        tasks_file.write_text(json.dumps(steps))
 
     t0 = time.perf_counter()
     if variant.algo == "trl-grpo":
         result = run_trl_grpo(cfg, policies.fresh(cfg), log=log)
     else:
-        # a leftover directory here is an unfinished or changed run of this comparison: start it afresh
         trainer = Trainer(cfg, policy=policies.fresh(cfg), log=log, on_step=on_step)
-        if before is not None:
+        if before is not None and not resume:
             trainer.use_before_eval(*before)
-        result = trainer.train(overwrite=True)
+        result = trainer.train(resume=resume, overwrite=not resume)
+        done = [steps[str(k)] for k in range(1, len(result["history"]) + 1) if str(k) in steps]
+        rec.tasks, rec.task_indices = [d for d, _ in done], [list(i) for _, i in done]
     rec.wall_s = time.perf_counter() - t0
     rec.history = [{k: v for k, v in row.items() if isinstance(v, (int, float))} for row in result["history"]]
     rec.before, rec.after = dict(result.get("before", {})), dict(result.get("after", {}))
@@ -190,7 +216,8 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
 
     ``seeds``: a count n (seeds base, base+1, …, base+n-1 where base is the config's ``seed``) or an
     explicit list. ``resume``: reuse finished runs whose resolved config is unchanged (a run writes
-    ``compare_run.json`` when it ends; the others are run again from scratch). A non-empty ``out_dir``
+    ``compare_run.json`` when it ends); an unfinished run of an unchanged config goes on from its last
+    checkpoint (``checkpoint_every``), any other is run again from scratch. A non-empty ``out_dir``
     is refused unless ``resume`` or ``overwrite`` (which deletes it first). Returns the summary with the
     artifact paths.
     """
@@ -312,8 +339,10 @@ def _run_all(configs: Sequence[tuple[Variant, TrainConfig]], *, resume: bool, ke
                 befores[key] = (reused.before, f"{v.label} seed {cfg.seed}")
             log(f"{head}: reused {done_file}")
             continue
-        log(f"{head} -> {cfg.output_dir}")
-        rec = _run_one(cfg, v, policies, log, before=None if v.algo == "trl-grpo" else befores.get(key))
+        ckpt = _resumable(cfg) if resume and v.algo != "trl-grpo" else None
+        log(f"{head} -> {cfg.output_dir}" + (f" (going on from {ckpt.name})" if ckpt is not None else ""))
+        rec = _run_one(cfg, v, policies, log, before=None if v.algo == "trl-grpo" else befores.get(key),
+                       resume=ckpt is not None)
         if rec.before and key not in befores:
             befores[key] = (rec.before, f"{v.label} seed {cfg.seed}")
         if not keep_checkpoints:

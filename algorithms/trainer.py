@@ -19,13 +19,13 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
 
 from agentgym.config import save_config
-from agentgym.rollout import RolloutConfig, RolloutEngine, summarize
+from agentgym.rollout import RolloutEngine, summarize
 from agentgym.rollout_metrics import scored_episodes
 from agentgym.precision import resolve_precision
 from agentgym.threads import recheck as recheck_threads
@@ -37,6 +37,7 @@ from agentgym.algorithms.overlap import Prefetcher
 from agentgym.algorithms.run_control import (TrainingInterrupted, WholeSteps, checkpoint_step, finished_run,
                                              interrupted_run, latest_checkpoint)
 from agentgym.algorithms.config import EvalConfig, TrainConfig, torch_dtype
+from agentgym.algorithms.held_out import eval_rollout_config, held_out_eval, rollout_config, task_successes
 
 __all__ = ["TrainConfig", "EvalConfig", "train", "Trainer", "rollout_config", "eval_rollout_config", "held_out_eval",
            "task_successes", "TrainingInterrupted", "finished_run", "interrupted_run", "latest_checkpoint"]
@@ -50,50 +51,6 @@ def _set_seed(seed: int) -> None:
 
 def _step_seed(seed: int, step: int) -> int:
     return (seed * 1_000_003 + step * 7_919) % 2**31
-
-
-def rollout_config(cfg: TrainConfig, greedy: bool = False) -> RolloutConfig:
-    """The rollout settings of a run (``greedy`` for its evals): ``cfg.rollout``, nothing else."""
-    return cfg.rollout.greedy() if greedy else cfg.rollout
-
-
-def eval_rollout_config(cfg: TrainConfig) -> RolloutConfig:
-    """The rollout settings of a run's held-out evals: greedy, or when ``eval.samples`` >= 1 the
-    training sampling with a fixed seed (``sampling.seed``, else the run's ``seed``), so every eval of
-    one seed, in every arm of a comparison, draws the same random numbers."""
-    if cfg.eval.samples == 0:
-        return rollout_config(cfg, greedy=True)
-    sampling = cfg.rollout.sampling
-    return cfg.rollout.replace(sampling=sampling.replace(seed=cfg.seed if sampling.seed is None else sampling.seed))
-
-
-def held_out_eval(engine: RolloutEngine, cfg: TrainConfig,
-                  progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, float], list[Any]]:
-    """The eval of every run: the same held-out tasks (``eval.first_task`` on, the eval split), so runs
-    and algorithms (including ones trained outside :class:`Trainer`) are compared on equal terms.
-    ``engine`` runs :func:`eval_rollout_config`; with ``eval.samples`` = k >= 1 every task gets k
-    sampled episodes.
-    Returns ``eval/``-prefixed metrics (``eval/success_rate``: over all episodes) and the trajectories,
-    task by task (see :func:`task_successes`)."""
-    e = cfg.eval
-    indices = list(range(e.first_task, e.first_task + e.episodes))
-    batch = engine.collect(cfg.env, task_indices=indices, group_size=max(1, e.samples), seed=cfg.seed,
-                           env_kwargs={**cfg.env_kwargs, **e.env_kwargs}, progress=progress)
-    return {f"eval/{k}": v for k, v in batch.metrics.items() if not k.startswith("time/")}, batch.trajectories
-
-
-def task_successes(cfg: TrainConfig, trajectories: Sequence[Any]) -> list[float]:
-    """Each held-out task's success, in task order, from :func:`held_out_eval`'s trajectories: 0 or 1
-    when greedy, the mean of its ``eval.samples`` episodes otherwise (for the paired CIs over tasks)."""
-    k = max(1, cfg.eval.samples)
-    ok = [float(bool(t.episode.get("success"))) for t in trajectories]
-    if len(ok) != k * cfg.eval.episodes:
-        raise ValueError(f"{len(ok)} eval trajectories, expected eval.episodes x max(1, eval.samples) = "
-                         f"{cfg.eval.episodes} x {k}")
-    groups = [trajectories[i:i + k] for i in range(0, len(ok), k)]
-    if any(len({getattr(t, "task_index", None) for t in g}) > 1 for g in groups):
-        raise ValueError("eval trajectories are not task by task (collect returns them group by group)")
-    return [sum(ok[i:i + k]) / k for i in range(0, len(ok), k)]
 
 
 class Trainer:

@@ -384,3 +384,31 @@ def test_arms_of_a_seed_share_the_eval_before_training_which_each_would_have_mea
         (out / "ppo" / f"seed{seed}" / "compare_run.json").unlink()
     assert main([*args, "--resume", *TINY, "eval.samples=2"]) == 0
     assert capsys.readouterr().out.count("(the same initial weights, tasks and draws as reinforce seed") == 2
+
+
+def test_a_killed_comparison_goes_on_from_the_run_checkpoint_and_matches_an_uninterrupted_one(tmp_path):
+    """--resume continues an unfinished run from its last checkpoint (a real SIGKILL mid-run), keeps every
+    step's task digest, and ends with the numbers of a comparison that was never interrupted."""
+    from helpers_processes import kill_once_written
+    args = ["compare", "--env", "Arithmetic-v0", "--algos", "reinforce,grpo", "--steps", "4", "--seeds", "1",
+            *TINY, "checkpoint_every=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "agentgym.app.cli"]
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    r = subprocess.run([*cmd, *args, "--out", str(full)], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    kill_once_written([*cmd, *args, "--out", str(killed)], killed / "grpo" / "seed0" / "checkpoints" / "step_000002", env)
+    r = subprocess.run([*cmd, *args, "--out", str(killed), "--resume"], capture_output=True, text=True, timeout=900,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "reinforce seed=0: reused" in r.stdout and "(going on from step_00000" in r.stdout
+    assert "same tasks across algos: yes" in r.stdout
+    a, b = (json.loads((d / "compare.json").read_text()) for d in (full, killed))
+    for ra, rb in zip(a["runs"], b["runs"]):
+        assert (ra["label"], len(ra["tasks"])) == (rb["label"], 4) and ra["tasks"] == rb["tasks"]
+        assert ra["task_indices"] == rb["task_indices"]
+        for ha, hb in zip(ra["history"], rb["history"]):
+            for key in ("rollout/reward_mean", "train/loss", "train/grad_norm"):
+                assert ha[key] == pytest.approx(hb[key], rel=1e-5, abs=1e-7), key
+        assert ra["after"]["successes"] == rb["after"]["successes"]

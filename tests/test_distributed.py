@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import csv
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from agentgym.policies.transformers_policy import TransformersPolicy
+from helpers_processes import kill_once_written
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
@@ -195,17 +194,7 @@ def test_torchrun_train_end_to_end_and_resume_after_a_kill(tmp_path, mode):
     assert (full / "curves.png").exists() and (full / "evals.json").exists()
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_train(killed, "steps=3", "checkpoint_every=1", *mode), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)
-    deadline = time.monotonic() + 900
-    try:
-        while not (killed / "checkpoints" / "step_000002").exists():
-            assert proc.poll() is None, "the run ended before its second checkpoint"
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+    kill_once_written(_train(killed, "steps=3", "checkpoint_every=1", *mode), killed / "checkpoints" / "step_000002", ENV)
     r = subprocess.run(_train(killed, "steps=3", "checkpoint_every=1", "--resume", *mode), capture_output=True,
                        text=True, env=ENV, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
