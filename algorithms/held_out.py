@@ -47,11 +47,10 @@ def task_successes(cfg: TrainConfig, trajectories: Sequence[Any]) -> list[float]
     """Each held-out task's success, in task order, from :func:`held_out_eval`'s trajectories: 0 or 1
     when greedy, the mean of its ``eval.samples`` episodes otherwise (for the paired CIs over tasks)."""
     k = max(1, cfg.eval.samples)
-    ok = [float(bool(t.episode.get("success"))) for t in trajectories]
-    if len(ok) != k * cfg.eval.episodes:
-        raise ValueError(f"{len(ok)} eval trajectories, expected eval.episodes x max(1, eval.samples) = "
+    if len(trajectories) != k * cfg.eval.episodes:
+        raise ValueError(f"{len(trajectories)} eval trajectories, expected eval.episodes x max(1, eval.samples) = "
                          f"{cfg.eval.episodes} x {k}")
-    groups = [trajectories[i:i + k] for i in range(0, len(ok), k)]
+    groups = [trajectories[i:i + k] for i in range(0, len(trajectories), k)]
     if any(len({getattr(t, "task_index", None) for t in g}) > 1 for g in groups):
         raise ValueError("eval trajectories are not task by task (collect returns them group by group)")
-    return [sum(ok[i:i + k]) / k for i in range(0, len(ok), k)]
+    return [sum(float(bool(t.episode.get("success"))) for t in g) / k for g in groups]
