@@ -1,7 +1,8 @@
 """Batch metrics over trajectories: what an episode contributes, their means and their spreads.
 
 :func:`summarize` is what every ``collect`` reports and what evaluation and the report show;
-:func:`summarize_std` gives the spreads over the same numbers (:func:`episode_values`).
+:func:`summarize_std` gives the spreads over the same numbers (:func:`episode_values`); :func:`task_groups`
+and :func:`task_success` give a per-task view (k episodes of one task -> one number) for CIs over tasks.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 
 from agentgym.trajectory import Trajectory
 
-__all__ = ["episode_values", "scored_episodes", "summarize", "summarize_std"]
+__all__ = ["episode_values", "scored_episodes", "summarize", "summarize_std", "task_groups", "task_success"]
 
 
 #: Episode-summary keys every env reports; the others (numeric ones) become ``episode/<key>`` metrics.
@@ -104,3 +105,25 @@ def summarize_std(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     if not scored:
         return {}
     return {k: float(np.std(v)) for k, v in episode_values(scored).items()}
+
+
+def task_groups(trajectories: Sequence[Trajectory], group_size: int) -> list[list[Trajectory]]:
+    """The episodes task by task: ``collect`` returns a group's ``group_size`` episodes (one task)
+    together, so these are consecutive runs of ``group_size``; refused when they are not."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if len(trajectories) % group_size:
+        raise ValueError(f"{len(trajectories)} episodes do not split into groups of {group_size}")
+    groups = [list(trajectories[i:i + group_size]) for i in range(0, len(trajectories), group_size)]
+    if any(len({getattr(t, "task_index", None) for t in g}) > 1 for g in groups):
+        raise ValueError("episodes are not task by task (collect returns them group by group)")
+    return groups
+
+
+def task_success(group: Sequence[Trajectory]) -> float:
+    """One task's success: the mean over its scored episodes (:func:`scored_episodes`): 0 or 1 from
+    one episode, the share of k sampled ones that succeeded from k; NaN when service failures ended all."""
+    scored = scored_episodes(group)
+    if not scored:
+        return math.nan
+    return float(np.mean([float(bool((t.episode or {}).get("success"))) for t in scored]))

@@ -136,7 +136,7 @@ def _run_layout(policy_spec: str) -> dict[str, Any]:
 #: ``agentgym eval`` flags that set the EvalRunConfig field of the same name (only when given).
 _EVAL_FLAGS = ("policy", "split", "episodes", "group_size", "batch_size", "first_task", "seed", "max_new_tokens",
                "temperature", "top_p", "greedy", "style", "max_obs_tokens", "max_context_tokens", "device",
-               "backend", "debug_checks", "html", "json")
+               "backend", "debug_checks", "html", "json", "paired_with")
 
 
 def _eval_config(args: argparse.Namespace) -> Any:
@@ -166,14 +166,52 @@ def _eval_config(args: argparse.Namespace) -> Any:
     return cfg
 
 
+def _eval_baseline(cfg: Any, env_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """The ``paired_with`` eval, checked to be of the same env and env settings (so of the same tasks)."""
+    if not cfg.paired_with:
+        return None
+    from agentgym.config import ConfigError
+    from agentgym.app.evaluation import env_takes_split, load_eval_tasks
+    from agentgym.registry import full_id
+    try:
+        head, tasks = load_eval_tasks(cfg.paired_with)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if full_id(str(head["env"])) != full_id(env_id):
+        raise ConfigError(f"paired_with: {cfg.paired_with} evaluated {head['env']}, not {env_id}")
+    mine = dict(cfg.env_kwargs)
+    if cfg.split is not None and "split" not in mine and env_takes_split(env_id):
+        mine["split"] = cfg.split
+    if head["env_kwargs"] != mine:
+        raise ConfigError(f"paired_with: {cfg.paired_with} ran the env with {head['env_kwargs']}, this eval with "
+                          f"{mine}: not the same tasks")
+    return head, tasks
+
+
+def _task_line(t: dict[str, float], group_size: int) -> str:
+    each = "one episode each" if group_size == 1 else f"mean of {group_size} episodes each"
+    line = (f"per task ({t['tasks']:.0f} tasks, {each}): success {t['task_success']:.3f}, 95 % bootstrap CI "
+            f"[{t['task_success_ci_low']:.3f}, {t['task_success_ci_high']:.3f}]")
+    return line + (f"; pass@{group_size} {t[f'pass@{group_size}']:.3f}" if group_size > 1 else "")
+
+
+def _paired_line(p: dict[str, float], path: str, head: dict[str, Any]) -> str:
+    verdict = ("no difference shown: the CI includes 0" if p["ci_low"] <= 0 <= p["ci_high"]
+               else "higher" if p["ci_low"] > 0 else "lower")
+    return (f"paired with {path} (policy {head.get('policy')}, {p['tasks']:.0f} tasks): {p['success']:.3f} - "
+            f"{p['baseline_success']:.3f} = {p['difference']:+.3f}, 95 % bootstrap CI [{p['ci_low']:+.3f}, "
+            f"{p['ci_high']:+.3f}]; {p['tasks_up']:.0f} tasks up, {p['tasks_down']:.0f} down; {verdict}")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from agentgym.config import to_dict
-    from agentgym.app.evaluation import evaluate, show_generating
+    from agentgym.app.evaluation import evaluate, paired_difference, show_generating, task_summary
     from agentgym.rollout import summarize
     cfg = _eval_config(args)
     env_id = require_env(cfg.env)
+    baseline = _eval_baseline(cfg, env_id)  # before the eval: a wrong file is said at once, not after it
     set_threads(getattr(args, "threads", None), verbose=True)
     policy = load_policy(cfg.policy, env_id, device=cfg.device, backend=cfg.backend)
     with tqdm(total=cfg.episodes * cfg.group_size, desc=f"eval {env_id}", unit="ep") as bar:
@@ -191,11 +229,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if result.sandbox:
         title += f" · sandbox {result.sandbox}"
     print_metrics(result.metrics, title, std=result.std)
+    tasks = task_summary(result.tasks, cfg.group_size)
+    print(_task_line(tasks, cfg.group_size))
+    paired = None
+    if baseline is not None:
+        head, base_tasks = baseline
+        try:
+            paired = paired_difference(result.tasks, base_tasks)
+        except ValueError as e:   # the eval is still written below: nothing is lost
+            print(f"error: {e}", file=sys.stderr)
+        else:
+            print(_paired_line(paired, cfg.paired_with, head))
     if cfg.json:
         from pathlib import Path
         Path(cfg.json).write_text(json.dumps({
             "env": env_id, "policy": cfg.policy, "config": to_dict(cfg), "env_kwargs": result.env_kwargs,
-            "metrics": result.metrics, "metrics_std": result.std,
+            "metrics": result.metrics, "metrics_std": result.std, "task_summary": tasks, "per_task": result.tasks,
+            **({"paired": {"with": cfg.paired_with, **paired}} if paired else {}),
             "trajectories": [t.to_dict() for t in result.trajectories]}, indent=1))
         print(f"wrote {cfg.json}")
     if cfg.html:
@@ -204,7 +254,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         path = write_html_report(cfg.html, result.trajectories, tokenizer=tokenizer_of(policy),
                                  metrics=result.metrics, title=f"{env_id} · {cfg.policy}")
         print(f"wrote {path}")
-    return 0
+    return 1 if baseline is not None and paired is None else 0
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:

@@ -6,20 +6,31 @@ term, turns, tool calls, and the env's own episode metrics (ToolCall-v0's
 ``tool_selection_accuracy``, ``plan_success``, ``step_efficiency``, ``end_to_end_success``, … appear as
 ``episode/<key>``). Held-out by default: ``split="test"`` is passed to envs whose constructor takes a
 ``split`` (every built-in env with a train/test split); others run as configured.
+
+Per task as well: each task's success is the mean over its ``group_size`` episodes (:func:`per_task`),
+summarized with a 95 % bootstrap CI over tasks and pass@k (:func:`task_summary`); ``paired_with`` an
+earlier eval's JSON on the same tasks gives the paired difference per task with its CI
+(:func:`paired_difference`): is this checkpoint better than that one on these questions?
 """
 
 from __future__ import annotations
 
 import inspect
+import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
+import numpy as np
+
 from agentgym.policy import SamplingParams
 from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutViews
+from agentgym.rollout_metrics import scored_episodes, task_groups, task_success
 from agentgym.trajectory import Trajectory
 
-__all__ = ["EvalRunConfig", "EvalResult", "evaluate", "env_takes_split"]
+__all__ = ["EvalRunConfig", "EvalResult", "evaluate", "env_takes_split", "per_task", "task_summary",
+           "load_eval_tasks", "paired_difference"]
 
 
 @dataclass
@@ -50,7 +61,10 @@ class EvalRunConfig(RolloutViews):
         "help": "generation engine registered in agentgym.policies.registry (null: the registry's choice here)"})
     html: str | None = field(default=None, metadata={"help": "write the HTML trajectory report to this file"})
     json: str | None = field(default=None, metadata={
-        "help": "write config, metrics (mean, std) and trajectories as JSON to this file"})
+        "help": "write config, metrics (mean, std), per-task successes and trajectories as JSON to this file"})
+    paired_with: str | None = field(default=None, metadata={
+        "help": "the --json file of an earlier eval on the same env and tasks (another checkpoint, say): report "
+                "the per-task difference in success with its 95 % bootstrap CI over tasks"})
 
     config_aliases: ClassVar[dict[str, str]] = {
         **ROLLOUT_ALIASES, **{k: f"rollout.sampling.{k}" for k in ("max_new_tokens", "temperature", "top_p",
@@ -84,6 +98,73 @@ class EvalResult:
     std: dict[str, float]              # summarize_std(): spread over episodes, same keys
     env_kwargs: dict[str, Any]         # what the env was built with (the split included)
     sandbox: str | None = None         # the code sandbox backend the env used, if it runs code
+    tasks: list[dict[str, Any]] = field(default_factory=list)  # per_task(): each task's success
+
+
+def per_task(trajectories: list[Trajectory], group_size: int) -> list[dict[str, Any]]:
+    """One record per task, in order: ``task_index``, ``episodes``, ``scored`` (those no service failure
+    ended) and ``success``, the mean over the scored ones (0/1 from one episode; NaN when none is scored)."""
+    return [{"task_index": g[0].task_index, "episodes": len(g), "scored": len(scored_episodes(g)),
+             "success": task_success(g)} for g in task_groups(trajectories, group_size)]
+
+
+def task_summary(tasks: list[dict[str, Any]], group_size: int) -> dict[str, float]:
+    """Success over tasks with its 95 % percentile-bootstrap CI (tasks resampled; each task's value is the
+    mean of its episodes) and, with ``group_size`` = k > 1, pass@k: the share of tasks that any of their k
+    episodes solved. Tasks without a scored episode are left out."""
+    from agentgym.app.stats import bootstrap_ci
+    values = [t["success"] for t in tasks if not math.isnan(t["success"])]
+    mean, low, high = bootstrap_ci(values)
+    out = {"tasks": float(len(values)), "task_success": mean, "task_success_ci_low": low, "task_success_ci_high": high}
+    if group_size > 1:
+        out[f"pass@{group_size}"] = float(np.mean([v > 0 for v in values])) if values else math.nan
+    return out
+
+
+def load_eval_tasks(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """An ``agentgym eval --json`` file's header (env, env_kwargs, group_size) and per-task records (from
+    its ``per_task``, or rebuilt from its trajectories). Raises ``ValueError`` with the reason when the
+    file is missing or is not such a file."""
+    from pathlib import Path
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"paired_with: {path} is not a file")
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"paired_with: {path} is not JSON ({e})") from None
+    if not isinstance(data, dict) or "env" not in data or not isinstance(data.get("trajectories"), list):
+        raise ValueError(f"paired_with: {path} is not an `agentgym eval --json` file (no env or trajectories)")
+    group_size = int((data.get("config") or {}).get("group_size", 1))
+    tasks = data.get("per_task")
+    if not isinstance(tasks, list):
+        try:
+            tasks = per_task([Trajectory.from_dict(t) for t in data["trajectories"]], group_size)
+        except (TypeError, KeyError, ValueError) as e:
+            raise ValueError(f"paired_with: cannot read the episodes of {path} ({e})") from None
+    head = {"env": data["env"], "env_kwargs": data.get("env_kwargs") or {}, "group_size": group_size,
+            "policy": data.get("policy")}
+    return head, tasks
+
+
+def paired_difference(tasks: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, float]:
+    """This eval minus the baseline, task by task (matched on ``task_index``): mean difference with its
+    95 % bootstrap CI over tasks, and how many tasks went up and down. Both must hold the same tasks."""
+    from agentgym.app.stats import paired_bootstrap_ci
+    mine, theirs = ({t["task_index"]: t["success"] for t in ts} for ts in (tasks, baseline))
+    if None in mine or None in theirs or len(mine) != len(tasks) or len(theirs) != len(baseline):
+        raise ValueError("paired_with: tasks need distinct task indices to be paired (this env's have none)")
+    if set(mine) != set(theirs):
+        only = sorted(set(mine) ^ set(theirs))[:5]
+        raise ValueError(f"paired_with: the two evals hold different tasks ({len(mine)} here, {len(theirs)} there; "
+                         f"e.g. task {only[0]} is in one only); use the same --episodes, --first-task and --seed")
+    keys = [k for k in mine if not (math.isnan(mine[k]) or math.isnan(theirs[k]))]
+    after, before = [mine[k] for k in keys], [theirs[k] for k in keys]
+    diff, low, high = paired_bootstrap_ci(after, before)
+    return {"tasks": float(len(keys)), "success": float(np.mean(after)) if keys else math.nan,
+            "baseline_success": float(np.mean(before)) if keys else math.nan, "difference": diff,
+            "ci_low": low, "ci_high": high, "tasks_up": float(sum(a > b for a, b in zip(after, before))),
+            "tasks_down": float(sum(a < b for a, b in zip(after, before)))}
 
 
 def env_takes_split(env_id: str) -> bool:
@@ -153,7 +234,7 @@ def evaluate(policy: Any, cfg: EvalRunConfig, env_id: str,
     finally:
         engine.close()
     return EvalResult(trajectories, {**summarize(trajectories), **timing}, summarize_std(trajectories), env_kwargs,
-                      sandbox)
+                      sandbox, per_task(trajectories, cfg.group_size))
 
 
 def _sandbox_backend(engine: Any) -> str | None:

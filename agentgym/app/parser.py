@@ -101,7 +101,10 @@ def add_eval(sub: Any) -> None:
                         "(default: the registry's choice for this machine)")
     p.add_argument("--debug-checks", action="store_true", default=S, help="assert token-faithfulness invariants")
     p.add_argument("--html", default=S, metavar="FILE", help="write the HTML trajectory report")
-    p.add_argument("--json", default=S, metavar="FILE", help="write config, metrics (mean, std) and trajectories as JSON")
+    p.add_argument("--json", default=S, metavar="FILE",
+                   help="write config, metrics (mean, std), per-task successes and trajectories as JSON")
+    p.add_argument("--paired-with", default=S, metavar="FILE",
+                   help="an earlier eval's --json on the same tasks: the per-task difference with its 95 %% CI")
     p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE", help="env constructor argument")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="EvalRunConfig overrides, e.g. episodes=32")
     p.set_defaults(func=cmd_eval)
