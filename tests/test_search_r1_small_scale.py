@@ -62,7 +62,12 @@ def test_small_scale_end_to_end_tiny(tmp_path):
     assert types == ["multi_hop", "no_search", "single_hop"]
     assert result["sft"]["kept"] == 8 and math.isfinite(result["sft"]["loss_last"])
     assert len(result["rl"]["grpo_masked"][0]["history"]) == 1
-    assert not (tmp_path / "runs" / "grpo_masked_seed0" / "checkpoints").exists()   # deleted: not kept
+    # the final weights stay for a re-score (agentgym eval --policy RUN), the optimizer state does not
+    run = tmp_path / "runs" / "grpo_masked_seed0"
+    assert [p.relative_to(run).as_posix() for p in sorted(run.glob("checkpoints/*/*"))] == \
+        ["checkpoints/step_000001/history.json", "checkpoints/step_000001/model"]
+    from agentgym.policies.loading import load_trained_policy
+    assert load_trained_policy(str(run)).name == str(run)
     assert (tmp_path / "runs" / "sft" / "model" / "config.json").is_file()
     comps = result["comparisons"]
     assert any("(d) SFT→GRPO, masked − (a) no search" in k for k in comps)
@@ -259,7 +264,9 @@ def test_killed_rl_run_resumes_from_its_last_checkpoint(tmp_path):
         (tmp_path / "first.txt").read_text()[-3000:] + r.stdout[-3000:]
     result = _check_outputs(tmp_path / "out", ["none_base", "rag_base", "sft", "grpo_masked"], questions=3)
     assert [int(row["step"]) for row in result["rl"]["grpo_masked"][0]["history"]] == [1, 2, 3, 4]
-    assert not ckpts.exists()   # deleted once the run finished: not kept
+    # once the run finished, only the final weights stay: no optimizer state, no older checkpoint
+    assert [p.relative_to(ckpts).as_posix() for p in sorted(ckpts.glob("*/*"))] == \
+        ["step_000004/history.json", "step_000004/model"]
 
 
 def test_a_study_is_the_same_wherever_its_folders_are():

@@ -24,8 +24,8 @@ Writes ``OUT/small_scale.json`` (config, machine, load, command, wall time per p
 per-question result), ``OUT/small_scale.md`` (the tables) and ``OUT/small_scale.png``; ``OUT`` is
 ``runs/search_r1_small/results`` unless ``--out`` says otherwise (the committed study in
 ``benchmarks/search_r1/results`` changes only when it is named). The runs' own artifacts go under
-``--runs-dir`` (gitignored ``runs/``; RL checkpoints, every ``--checkpoint-every`` steps, are deleted after each run unless
-``--keep-checkpoints``), with ``progress.json``: every finished phase, so that Ctrl-C (one line, exit
+``--runs-dir`` (gitignored ``runs/``; RL checkpoints come every ``--checkpoint-every`` steps; after each run only the final
+weights stay, ``RUN/checkpoints/step_N/model``, for ``agentgym eval --policy RUN``, unless ``--keep-checkpoints``), with ``progress.json``: every finished phase, so that Ctrl-C (one line, exit
 130) or a killed session loses only the phase under way (an RL run: only the steps since its last
 checkpoint) and ``--resume`` continues.
 
@@ -42,7 +42,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import sys
 import time
 from dataclasses import replace
@@ -98,7 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-baselines", action="store_true", help="also (a)/(b) with the SFT model (~2 evals more)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2 questions per type, 8 SFT episodes, 1 seed, 1 RL step of 1x2")
-    p.add_argument("--keep-checkpoints", action="store_true")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep the RL runs' final checkpoints whole (default: only their weights, not the optimizer "
+                        "state that resuming needs)")
     p.add_argument("--checkpoint-every", type=int, default=5, metavar="N",
                    help="RL runs checkpoint every N steps, so that --resume continues a run a killed session "
                         "stopped from its last checkpoint instead of from step 0 (0: no periodic checkpoint)")
@@ -216,8 +217,9 @@ def run_rl(policy: Any, cfg: Any, algo: str, mask: bool, seed: int, out_dir: Pat
         log(f"  [{name}] step {int(row['step'])}: reward {row['rollout/reward_mean']:+.3f} "
             f"success {row['rollout/success_rate']:.3f} searches {row['rollout/tool_calls_mean']:.2f} "
             f"loss {row.get('train/loss', float('nan')):+.4f} ({row['time/step_s']:.0f} s)")
-    if not keep_ckpt:
-        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    if not keep_ckpt:  # keep the final weights (0.5 GB for SmolLM2-135M; a re-score needs them), not the state
+        for state in (out_dir / "checkpoints").glob("step_*/state.pt"):
+            state.unlink()
     del trainer   # its learner holds a reference model and optimizer state: free them before the next run
     gc.collect()
     return {"history": result["history"], "output_dir": result["output_dir"]}
