@@ -95,7 +95,7 @@ def run_trl_grpo(cfg: TrainConfig, policy: Any | None = None, log: Callable[[str
     from agentgym.config import save_config
     from agentgym.rollout import RolloutEngine
 
-    from agentgym.algorithms.held_out import eval_rollout_config, held_out_eval, task_successes
+    from agentgym.algorithms.held_out import eval_line, eval_rollout_config, scored_eval
     train_with_trl = _external_runner("trl-grpo")
     if policy is None:
         from agentgym.policies.transformers_policy import TransformersPolicy
@@ -104,10 +104,8 @@ def run_trl_grpo(cfg: TrainConfig, policy: Any | None = None, log: Callable[[str
     save_config(cfg, Path(cfg.output_dir) / "config.yaml")
     evaluator = RolloutEngine(policy, eval_rollout_config(cfg))  # reads policy.model at every call
     try:
-        before, trajectories = held_out_eval(evaluator, cfg)
-        before["successes"] = task_successes(cfg, trajectories)
-        log(f"[eval before @ step 0] success {before['eval/success_rate']:.3f}  "
-            f"reward {before['eval/reward_mean']:+.3f}")
+        before, _ = scored_eval(evaluator, cfg)
+        log(eval_line("before", 0, before, cfg))
         total, micro = cfg.groups_per_step * cfg.group_size, cfg.learner.micro_batch_size
         result = train_with_trl(
             cfg.env, policy, steps=cfg.steps, num_generations=cfg.group_size, prompts_per_step=cfg.groups_per_step,
@@ -116,10 +114,8 @@ def run_trl_grpo(cfg: TrainConfig, policy: Any | None = None, log: Callable[[str
             max_context_tokens=cfg.max_context_tokens, style=cfg.style, learning_rate=cfg.learner.lr,
             temperature=cfg.sampling.temperature, beta=cfg.learner.kl_coef, seed=cfg.seed,
             output_dir=cfg.output_dir, trl_args={"top_p": cfg.sampling.top_p}, debug_checks=cfg.debug_checks)
-        after, trajectories = held_out_eval(evaluator, cfg)
-        after["successes"] = task_successes(cfg, trajectories)
-        log(f"[eval after @ step {cfg.steps}] success {after['eval/success_rate']:.3f}  "
-            f"reward {after['eval/reward_mean']:+.3f}")
+        after, _ = scored_eval(evaluator, cfg)
+        log(eval_line("after", cfg.steps, after, cfg))
     finally:
         evaluator.close()
     return {"history": result["history"], "before": before, "after": after, "output_dir": cfg.output_dir}

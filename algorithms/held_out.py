@@ -11,7 +11,7 @@ from agentgym.rollout_metrics import task_groups
 
 from agentgym.algorithms.config import TrainConfig
 
-__all__ = ["rollout_config", "eval_rollout_config", "held_out_eval", "task_successes"]
+__all__ = ["rollout_config", "eval_rollout_config", "held_out_eval", "task_successes", "scored_eval", "eval_line"]
 
 
 def rollout_config(cfg: TrainConfig, greedy: bool = False) -> RolloutConfig:
@@ -53,3 +53,18 @@ def task_successes(cfg: TrainConfig, trajectories: Sequence[Any]) -> list[float]
                          f"{cfg.eval.episodes} x {k}")
     # an episode a service failure ended counts as a failure here (the comparisons so far were scored so)
     return [sum(float(bool(t.episode.get("success"))) for t in g) / k for g in task_groups(trajectories, k)]
+
+
+def scored_eval(engine: RolloutEngine, cfg: TrainConfig,
+                progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, Any], list[Any]]:
+    """:func:`held_out_eval` plus ``successes``, each task's success (:func:`task_successes`), which the
+    paired CIs over tasks read: the record every run keeps of an eval."""
+    metrics, trajectories = held_out_eval(engine, cfg, progress=progress)
+    return {**metrics, "successes": task_successes(cfg, trajectories)}, trajectories
+
+
+def eval_line(tag: str, step: int, m: dict[str, Any], cfg: TrainConfig, source: str | None = None) -> str:
+    """The log line of an eval (``source``: the run whose eval this run took instead of evaluating)."""
+    line = (f"[eval {tag} @ step {step}] success {m['eval/success_rate']:.3f}  reward {m['eval/reward_mean']:+.3f}  "
+            f"({cfg.eval.describe()})")
+    return line + (f" (the same initial weights, tasks and draws as {source}: its eval, not run again)" if source else "")

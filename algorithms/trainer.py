@@ -37,7 +37,8 @@ from agentgym.algorithms.overlap import Prefetcher
 from agentgym.algorithms.run_control import (TrainingInterrupted, WholeSteps, checkpoint_step, finished_run,
                                              interrupted_run, latest_checkpoint)
 from agentgym.algorithms.config import EvalConfig, TrainConfig, torch_dtype
-from agentgym.algorithms.held_out import eval_rollout_config, held_out_eval, rollout_config, task_successes
+from agentgym.algorithms.held_out import (eval_line, eval_rollout_config, held_out_eval, rollout_config, scored_eval,
+                                          task_successes)
 
 __all__ = ["TrainConfig", "EvalConfig", "train", "Trainer", "rollout_config", "eval_rollout_config", "held_out_eval",
            "task_successes", "TrainingInterrupted", "finished_run", "interrupted_run", "latest_checkpoint"]
@@ -233,12 +234,10 @@ class Trainer:
             def progress(done: int, total: int, tokens: int = 0, generating: tuple[int, int] | None = None) -> None:
                 bar.update(done - bar.n)     # episodes ended; while a batch generates, its sequences done
                 show_generating(bar, tokens, generating)
-            metrics, trajectories = held_out_eval(self.eval_engine, self.cfg, progress=progress)
+            metrics, trajectories = scored_eval(self.eval_engine, self.cfg, progress=progress)
         m = {"step": float(self.step), **metrics}
-        # per held-out task (episode order = task order), for the paired CI of the gain
-        m["successes"] = task_successes(self.cfg, trajectories)
         self.evals.append({"tag": tag, **m})
-        self.log(f"[eval {tag} @ step {self.step}] success {m['eval/success_rate']:.3f}  reward {m['eval/reward_mean']:+.3f}")
+        self.log(eval_line(tag, self.step, m, self.cfg))
         return m, trajectories
 
     def use_before_eval(self, before: Mapping[str, Any], source: str) -> None:
@@ -250,8 +249,7 @@ class Trainer:
             raise ValueError("use_before_eval: this run has trained or already has its eval before training")
         m = {**dict(before), "tag": "before", "step": 0.0}
         self.evals.append(m)
-        self.log(f"[eval before @ step 0] success {m['eval/success_rate']:.3f}  reward {m['eval/reward_mean']:+.3f} "
-                 f"(the same initial weights, tasks and draws as {source}: its eval, not run again)")
+        self.log(eval_line("before", 0, m, self.cfg, source=source))
 
     # ------------------------------------------------------------------ loop
     def train(self, resume: bool = False, overwrite: bool = False, prepared: Path | None = None) -> dict[str, Any]:
