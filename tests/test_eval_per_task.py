@@ -102,3 +102,17 @@ def test_cli_refuses_a_baseline_that_cannot_be_paired(tmp_path, capsys):
     other = tmp_path / "other.json"
     assert run_eval("--policy", "oracle", "--seed", "1", "--json", str(other), "--paired-with", str(base)) == 1
     assert "different tasks" in capsys.readouterr().err and "paired" not in json.loads(other.read_text())
+
+
+def test_cli_evaluates_exactly_the_listed_tasks(tmp_path, capsys):
+    out = tmp_path / "listed.json"
+    assert run_eval("--policy", "oracle", "tasks=[42,3,17]", "--batch-size", "2", "--json", str(out)) == 0
+    data = json.loads(out.read_text())
+    assert [t["task_index"] for t in data["per_task"]] == [42, 3, 17]       # in the order given, across batches
+    assert data["config"]["episodes"] == 3 and len(data["trajectories"]) == 6
+    for bad, says in [("tasks=[]", "non-empty list"), ("tasks=[1,1]", "a task twice"), ("tasks=[-2]", ">= 0"),
+                      ('tasks=["a"]', "tasks"), ("first_task=0", "not both")]:
+        capsys.readouterr()
+        assert run_eval("--policy", "oracle", "tasks=[1]" if bad.startswith("first") else bad,
+                        *([bad] if bad.startswith("first") else [])) == 2, bad
+        assert says in capsys.readouterr().err, bad

@@ -35,8 +35,8 @@ __all__ = ["EvalRunConfig", "EvalResult", "evaluate", "env_takes_split", "per_ta
 
 @dataclass
 class EvalRunConfig(RolloutViews):
-    """One evaluation. ``episodes`` tasks (``first_task``, ``first_task``+1, … or, when None, drawn from
-    ``seed``), ``group_size`` samples each. Sampling and token layout are the one ``RolloutConfig``
+    """One evaluation. ``episodes`` tasks (``first_task``, ``first_task``+1, …, or the listed ``tasks``, or
+    when neither is given drawn from ``seed``), ``group_size`` samples each. Sampling and token layout are the one ``RolloutConfig``
     (``rollout``; short keys ``max_new_tokens``, ``temperature``, ``top_p``, ``greedy``, ``style``,
     ``max_obs_tokens``, ``max_context_tokens`` work too). ``agentgym eval RUN_DIR`` starts from the
     layout the run was trained with."""
@@ -53,6 +53,9 @@ class EvalRunConfig(RolloutViews):
     batch_size: int = field(default=16, metadata={"help": "episodes collected together (one generate call per turn)"})
     first_task: int | None = field(default=None, metadata={
         "help": "evaluate tasks first_task, first_task+1, ... (null: drawn from seed)"})
+    tasks: list[int] | None = field(default=None, metadata={
+        "help": "evaluate exactly these task indices, e.g. tasks=[3,17,42] (episodes is then their number; "
+                "not with first_task)"})
     seed: int = field(default=0, metadata={"help": "seed of task choice and sampling"})
     rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(sampling=SamplingParams(max_new_tokens=128)),
                                    metadata={"help": "sampling and token layout of the episodes"})
@@ -77,6 +80,14 @@ class EvalRunConfig(RolloutViews):
             raise ValueError("episodes, group_size and batch_size must be >= 1")
         if self.first_task is not None and self.first_task < 0:
             raise ValueError(f"first_task must be >= 0, got {self.first_task}")
+        if self.tasks is not None:
+            if self.first_task is not None:
+                raise ValueError("give tasks or first_task, not both")
+            if not self.tasks or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in self.tasks):
+                raise ValueError(f"tasks must be a non-empty list of task indices >= 0, got {self.tasks}")
+            if len(set(self.tasks)) != len(self.tasks):
+                raise ValueError("tasks lists a task twice (use group_size for several episodes per task)")
+            self.episodes = len(self.tasks)
 
     @property
     def max_new_tokens(self) -> int:
@@ -157,7 +168,7 @@ def paired_difference(tasks: list[dict[str, Any]], baseline: list[dict[str, Any]
     if set(mine) != set(theirs):
         only = sorted(set(mine) ^ set(theirs))[:5]
         raise ValueError(f"paired_with: the two evals hold different tasks ({len(mine)} here, {len(theirs)} there; "
-                         f"e.g. task {only[0]} is in one only); use the same --episodes, --first-task and --seed")
+                         f"e.g. task {only[0]} is in one only); use the same --episodes, --first-task and --seed, or tasks=[...]")
     keys = [k for k in mine if not (math.isnan(mine[k]) or math.isnan(theirs[k]))]
     after, before = [mine[k] for k in keys], [theirs[k] for k in keys]
     diff, low, high = paired_bootstrap_ci(after, before)
@@ -215,7 +226,10 @@ def evaluate(policy: Any, cfg: EvalRunConfig, env_id: str,
     try:
         for start in range(0, cfg.episodes, groups_per_call):
             k = min(groups_per_call, cfg.episodes - start)
-            indices = [cfg.first_task + start + i for i in range(k)] if cfg.first_task is not None else None
+            if cfg.tasks is not None:
+                indices = list(cfg.tasks[start:start + k])
+            else:
+                indices = [cfg.first_task + start + i for i in range(k)] if cfg.first_task is not None else None
             done_before = len(trajectories)
 
             def turn(finished: int, total: int, tokens: int = 0, generating: tuple[int, int] | None = None) -> None:
