@@ -75,7 +75,19 @@ def test_cli_writes_per_task_records_and_pairs_two_policies(tmp_path, capsys):
     data = json.loads(rand.read_text())
     assert [t["episodes"] for t in data["per_task"]] == [2] * 4 and data["task_summary"]["pass@2"] == 0.0
     assert data["paired"]["with"] == str(oracle) and data["paired"]["difference"] == -1.0
-    assert data["paired"]["tasks_down"] == 4 and "= -1.000" in out and "4 down; lower" in out
+    # every task fell by exactly 1: no spread, so no interval (NaN bounds and the reason, not [-1, -1])
+    assert data["paired"]["tasks_down"] == 4 and math.isnan(data["paired"]["ci_low"])
+    assert data["paired"]["ci_note"] == "tasks agree: no spread"
+    assert "= -1.000, 95 % bootstrap CI n/a (tasks agree: no spread); 0 tasks up, 4 down; no interval" in out
+    # a baseline whose tasks were solved 0, 1/2, 1 and 1/2 of the time: the oracle is higher, with an interval
+    mixed = json.loads(oracle.read_text())
+    for t, v in zip(mixed["per_task"], [0.0, 0.5, 1.0, 0.5]):
+        t["success"] = v
+    (tmp_path / "mixed.json").write_text(json.dumps(mixed))
+    assert run_eval("--policy", "oracle", "--paired-with", str(tmp_path / "mixed.json")) == 0
+    low, high = paired_bootstrap_ci([1.0] * 4, [0.0, 0.5, 1.0, 0.5])[1:]
+    assert f"1.000 - 0.500 = +0.500, 95 % bootstrap CI [{low:+.3f}, {high:+.3f}]; 3 tasks up, 0 down; higher" in \
+        capsys.readouterr().out and low > 0
     # the written file reads back the same per-task records, with or without its per_task key
     head, tasks = load_eval_tasks(str(rand))
     assert head["env"] == "agentgym/Arithmetic-v0" and head["group_size"] == 2 and tasks == data["per_task"]

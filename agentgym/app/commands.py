@@ -188,19 +188,25 @@ def _eval_baseline(cfg: Any, env_id: str) -> tuple[dict[str, Any], list[dict[str
     return head, tasks
 
 
-def _task_line(t: dict[str, float], group_size: int) -> str:
+def _ci_text(low: float, high: float, note: str | None, signed: bool) -> str:
+    sign = "+" if signed else ""
+    return f"n/a ({note})" if note else f"[{low:{sign}.3f}, {high:{sign}.3f}]"
+
+
+def _task_line(t: dict[str, Any], group_size: int) -> str:
     each = "one episode each" if group_size == 1 else f"mean of {group_size} episodes each"
-    line = (f"per task ({t['tasks']:.0f} tasks, {each}): success {t['task_success']:.3f}, 95 % bootstrap CI "
-            f"[{t['task_success_ci_low']:.3f}, {t['task_success_ci_high']:.3f}]")
+    ci = _ci_text(t["task_success_ci_low"], t["task_success_ci_high"], t["ci_note"], signed=False)
+    line = f"per task ({t['tasks']:.0f} tasks, {each}): success {t['task_success']:.3f}, 95 % bootstrap CI {ci}"
     return line + (f"; pass@{group_size} {t[f'pass@{group_size}']:.3f}" if group_size > 1 else "")
 
 
-def _paired_line(p: dict[str, float], path: str, head: dict[str, Any]) -> str:
-    verdict = ("no difference shown: the CI includes 0" if p["ci_low"] <= 0 <= p["ci_high"]
-               else "higher" if p["ci_low"] > 0 else "lower")
+def _paired_line(p: dict[str, Any], path: str, head: dict[str, Any]) -> str:
+    reading = ("no interval" if p["ci_note"] else "higher" if p["ci_low"] > 0 else "lower" if p["ci_high"] < 0
+               else "no difference shown: the CI includes 0")
     return (f"paired with {path} (policy {head.get('policy')}, {p['tasks']:.0f} tasks): {p['success']:.3f} - "
-            f"{p['baseline_success']:.3f} = {p['difference']:+.3f}, 95 % bootstrap CI [{p['ci_low']:+.3f}, "
-            f"{p['ci_high']:+.3f}]; {p['tasks_up']:.0f} tasks up, {p['tasks_down']:.0f} down; {verdict}")
+            f"{p['baseline_success']:.3f} = {p['difference']:+.3f}, 95 % bootstrap CI "
+            f"{_ci_text(p['ci_low'], p['ci_high'], p['ci_note'], signed=True)}; {p['tasks_up']:.0f} tasks up, "
+            f"{p['tasks_down']:.0f} down; {reading}")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

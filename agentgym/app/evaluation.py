@@ -119,14 +119,16 @@ def per_task(trajectories: list[Trajectory], group_size: int) -> list[dict[str, 
              "success": task_success(g)} for g in task_groups(trajectories, group_size)]
 
 
-def task_summary(tasks: list[dict[str, Any]], group_size: int) -> dict[str, float]:
+def task_summary(tasks: list[dict[str, Any]], group_size: int) -> dict[str, Any]:
     """Success over tasks with its 95 % percentile-bootstrap CI (tasks resampled; each task's value is the
-    mean of its episodes) and, with ``group_size`` = k > 1, pass@k: the share of tasks that any of their k
+    mean of its episodes; NaN bounds where there is no interval, ``ci_note`` then says why: fewer than 2
+    tasks, or all alike) and, with ``group_size`` = k > 1, pass@k: the share of tasks that any of their k
     episodes solved. Tasks without a scored episode are left out."""
-    from agentgym.app.stats import bootstrap_ci
+    from agentgym.app.stats import bootstrap_ci, without_undefined
     values = [t["success"] for t in tasks if not math.isnan(t["success"])]
-    mean, low, high = bootstrap_ci(values)
-    out = {"tasks": float(len(values)), "task_success": mean, "task_success_ci_low": low, "task_success_ci_high": high}
+    (mean, low, high), why = without_undefined(bootstrap_ci(values), len(values), "task")  # NaN bounds: no interval
+    out: dict[str, Any] = {"tasks": float(len(values)), "task_success": mean, "task_success_ci_low": low,
+                           "task_success_ci_high": high, "ci_note": why}
     if group_size > 1:
         out[f"pass@{group_size}"] = float(np.mean([v > 0 for v in values])) if values else math.nan
     return out
@@ -158,10 +160,11 @@ def load_eval_tasks(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return head, tasks
 
 
-def paired_difference(tasks: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, float]:
+def paired_difference(tasks: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, Any]:
     """This eval minus the baseline, task by task (matched on ``task_index``): mean difference with its
-    95 % bootstrap CI over tasks, and how many tasks went up and down. Both must hold the same tasks."""
-    from agentgym.app.stats import paired_bootstrap_ci
+    95 % bootstrap CI over tasks (NaN bounds where there is no interval, ``ci_note`` then says why: fewer
+    than 2 tasks, or every task moved alike), and how many tasks went up and down. Both must hold the same tasks."""
+    from agentgym.app.stats import paired_bootstrap_ci, without_undefined
     mine, theirs = ({t["task_index"]: t["success"] for t in ts} for ts in (tasks, baseline))
     if None in mine or None in theirs or len(mine) != len(tasks) or len(theirs) != len(baseline):
         raise ValueError("paired_with: tasks need distinct task indices to be paired (this env's have none)")
@@ -171,10 +174,10 @@ def paired_difference(tasks: list[dict[str, Any]], baseline: list[dict[str, Any]
                          f"e.g. task {only[0]} is in one only); use the same --episodes, --first-task and --seed, or tasks=[...]")
     keys = [k for k in mine if not (math.isnan(mine[k]) or math.isnan(theirs[k]))]
     after, before = [mine[k] for k in keys], [theirs[k] for k in keys]
-    diff, low, high = paired_bootstrap_ci(after, before)
+    (diff, low, high), why = without_undefined(paired_bootstrap_ci(after, before), len(keys), "task")
     return {"tasks": float(len(keys)), "success": float(np.mean(after)) if keys else math.nan,
             "baseline_success": float(np.mean(before)) if keys else math.nan, "difference": diff,
-            "ci_low": low, "ci_high": high, "tasks_up": float(sum(a > b for a, b in zip(after, before))),
+            "ci_low": low, "ci_high": high, "ci_note": why, "tasks_up": float(sum(a > b for a, b in zip(after, before))),
             "tasks_down": float(sum(a < b for a, b in zip(after, before)))}
 
 
