@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any, Sequence
 
@@ -189,8 +190,10 @@ def _eval_baseline(cfg: Any, env_id: str) -> tuple[dict[str, Any], list[dict[str
 
 
 def _ci_text(low: float, high: float, note: str | None, signed: bool) -> str:
-    sign = "+" if signed else ""
-    return f"n/a ({note})" if note else f"[{low:{sign}.3f}, {high:{sign}.3f}]"
+    """The interval as the comparison reports write it; ``note`` (why there is none) comes from the record,
+    whose bounds are then NaN (:func:`agentgym.app.stats.without_undefined`)."""
+    from agentgym.app.stats import format_ci
+    return f"n/a ({note})" if note else format_ci((math.nan, low, high), signed=signed)
 
 
 def _task_line(t: dict[str, Any], group_size: int) -> str:
