@@ -8,13 +8,21 @@
 #   bash benchmarks/issue23_studies.sh search_r1_v2   # Search-R1 in a box v2 (~1-2 h an RL run, 9 RL runs)
 #   bash benchmarks/issue23_studies.sh searchqa       # SearchQA after SFT: 6 arms x 5 seeds (needs v2's SFT model)
 #   bash benchmarks/issue23_studies.sh report         # both comparisons' compare.md from the runs finished so far
+#   bash benchmarks/issue23_studies.sh save           # before a session ends: finished runs -> benchmarks/results/
+#
+# A new machine has no runs/ folder: the two Search-R1 studies then start from what `save` committed (v2:
+# benchmarks/search_r1/restore_progress.py, which re-trains the SFT model; searchqa: the finished run folders).
+# Every run is fp32 (AGENTGYM_PRECISION=fp32: what precision=auto chose on the Zen 3 the first runs had), so
+# runs made on CPUs with and without bf16 units stay one study.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=1 AGENTGYM_PRECISION=fp32
 RUNS=${RUNS:-runs}
 ARMS="reinforce,ppo,grpo,grpo:group_scale=false:loss_agg=seq-mean-token-sum,rloo,grpo-shuffled"
 MATH=(--env Math-v0 --steps 30 groups_per_step=2 group_size=4 eval.episodes=64)   # finished (30 runs)
 SFT_MODEL="$RUNS/search_r1_v2/sft/model"
+V2=(--config benchmarks/search_r1/configs/smollm2_v2.yaml --sft-baselines --seeds 3 --eval-per-type 30)
+RAW=benchmarks/results
 # The pilots (benchmarks/RESULTS.md, "Algorithm comparison with a negative control"): lr 5e-6 with 2 x 4 episodes
 # collapsed to "never search" through its steps without signal, learner.skip_no_signal=true prevented it, so
 # every arm gets the knob; at lr 1e-5, 20 steps x 2 x 5, greedy held-out success stayed 0.350 while the mean
@@ -32,12 +40,18 @@ case "${1:-}" in
       compare --seeds "$s," --out "$RUNS/compare_issue23_math" --resume "${MATH[@]}"
     done ;;
   search_r1_v2)
-    nice -n 10 python benchmarks/search_r1/small_scale.py --threads 1 \
-      --config benchmarks/search_r1/configs/smollm2_v2.yaml --sft-baselines --seeds 3 --eval-per-type 30 \
+    if [ ! -f "$RUNS/search_r1_v2/progress.json" ] && [ -f "$RAW/search_r1_v2_runs/heldout_records.json" ]; then
+      python benchmarks/search_r1/restore_progress.py --runs-dir "$RUNS/search_r1_v2" -- "${V2[@]}"
+    fi
+    nice -n 10 python benchmarks/search_r1/small_scale.py --threads 1 "${V2[@]}" \
       --out "$RUNS/search_r1_v2/results" --runs-dir "$RUNS/search_r1_v2" --resume ;;
   searchqa)
     if [ ! -d "$SFT_MODEL" ]; then
       echo "no SFT model at $SFT_MODEL: run '$0 search_r1_v2' first (its SFT phase writes it)" >&2; exit 2
+    fi
+    if [ -d "$RAW/compare_issue23_searchqa" ]; then   # finished runs of earlier sessions (not over newer ones)
+      mkdir -p "$RUNS/compare_issue23_searchqa"
+      cp -rn "$RAW/compare_issue23_searchqa/." "$RUNS/compare_issue23_searchqa/"
     fi
     for s in 0 1 2 3 4; do
       compare --seeds "$s," --out "$RUNS/compare_issue23_searchqa" --resume "${SEARCHQA[@]}"
@@ -47,6 +61,16 @@ case "${1:-}" in
     if [ -d "$RUNS/compare_issue23_searchqa" ]; then
       compare --seeds 5 --out "$RUNS/compare_issue23_searchqa" --report-only "${SEARCHQA[@]}"
     fi ;;
+  save)      # the finished phases, without weights, where git keeps them
+    if [ -f "$RUNS/search_r1_v2/progress.json" ]; then
+      python benchmarks/search_r1/restore_progress.py --runs-dir "$RUNS/search_r1_v2" --save
+    fi
+    for done_file in "$RUNS"/compare_issue23_searchqa/*/seed*/compare_run.json; do
+      [ -f "$done_file" ] || continue
+      run=$(dirname "$done_file"); dst="$RAW/compare_issue23_searchqa/${run#"$RUNS"/compare_issue23_searchqa/}"
+      mkdir -p "$dst" && find "$run" -maxdepth 1 -type f -exec cp {} "$dst/" \;
+      echo "saved $dst"
+    done ;;
   *)
-    echo "usage: $0 math|search_r1_v2|searchqa|report" >&2; exit 2 ;;
+    echo "usage: $0 math|search_r1_v2|searchqa|report|save" >&2; exit 2 ;;
 esac

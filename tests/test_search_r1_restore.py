@@ -1,0 +1,77 @@
+"""benchmarks/search_r1/restore_progress.py: a study continued on a machine without its runs/ folder.
+
+A real (tiny) study runs, its finished phases are saved the way they are committed, the runs folder is
+thrown away, and the study is continued from the saved files alone: the baselines and the RL run are taken
+over, the SFT model is trained again and measured against the saved one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = ROOT / "benchmarks" / "search_r1"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(HERE))
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+STUDY = ["--quick", "--model", "tiny-random", "--retriever", "bm25", "--threads", "1", "--eval-per-type", "1",
+         "--arms", "grpo_masked", "--n-boot", "200"]
+
+
+def test_a_study_goes_on_from_its_committed_files_on_a_new_machine(tmp_path, capsys):
+    ss, rp = _load("small_scale"), _load("restore_progress")
+    first, raw = tmp_path / "machine1", tmp_path / "committed"
+    assert ss.main([*STUDY, "--out", str(first / "out"), "--runs-dir", str(first)]) == 0
+    assert rp.main(["--runs-dir", str(first), "--raw", str(raw), "--save"]) == 0
+    saved = json.loads((raw / "heldout_records.json").read_text())["records"]
+    assert set(saved) == {"none_base", "rag_base", "sft", "grpo_masked"}
+    assert sorted(p.name for p in (raw / "grpo_masked_seed0").iterdir()) == \
+        ["alarms.json", "config.yaml", "curves.png", "train_log.csv"]
+    assert not list(raw.rglob("*.safetensors"))          # weights are not committed
+
+    second = tmp_path / "machine2"                        # a new machine: only the committed files
+    assert rp.main(["--runs-dir", str(second), "--raw", str(raw), "--", *STUDY]) == 0
+    said = capsys.readouterr().out
+    assert "taken over none_base, rag_base, grpo_masked_seed0" in said and "SFT, sft" in said
+    capsys.readouterr()
+    assert ss.main([*STUDY, "--out", str(second / "out"), "--runs-dir", str(second), "--resume"]) == 0
+    ran = capsys.readouterr().out
+    assert "--resume: reusing none_base, rag_base, grpo_masked_seed0" in ran
+    assert "eval (c) SFT only" in ran and "RL grpo_masked_seed0" not in ran and "eval (a) no search" not in ran
+    result = json.loads((second / "out" / "small_scale.json").read_text())
+    assert result["records"]["grpo_masked"] == saved["grpo_masked"]        # taken over as it was
+    first_log = json.loads((first / "out" / "small_scale.json").read_text())["rl"]["grpo_masked"][0]["history"]
+    assert [r["step"] for r in result["rl"]["grpo_masked"][0]["history"]] == [r["step"] for r in first_log]
+    assert (second / "sft" / "model" / "config.json").is_file()            # trained again
+
+    assert rp.main(["--runs-dir", str(second), "--check"]) == 0
+    check = capsys.readouterr().out
+    # same code, same seed, same CPU: the re-trained model gives the saved verdicts
+    assert "sft: EM" in check and "verdicts differ on 0 of 3 questions" in check
+
+
+def test_restore_refuses_a_machine_that_has_the_study_and_a_run_without_its_log(tmp_path):
+    rp = _load("restore_progress")
+    raw = tmp_path / "committed"
+    (raw / "grpo_masked_seed0").mkdir(parents=True)
+    rec = [{"task_index": 0, "type": "single_hop", "em": 1.0}]
+    (raw / "heldout_records.json").write_text(json.dumps({"records": {"sft": [rec], "grpo_masked": [rec]}}))
+    with pytest.raises(SystemExit, match="train_log.csv is missing"):
+        rp.main(["--runs-dir", str(tmp_path / "runs"), "--raw", str(raw), "--", *STUDY])
+    (raw / "grpo_masked_seed0" / "train_log.csv").write_text("step,rollout/success_rate\n1,0.5\n")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "progress.json").write_text("{}")
+    with pytest.raises(SystemExit, match="exists: this machine has the study"):
+        rp.main(["--runs-dir", str(tmp_path / "runs"), "--raw", str(raw), "--", *STUDY])
