@@ -7,7 +7,7 @@
 #   bash benchmarks/issue23_studies.sh math           # Math-v0: 6 arms x 5 seeds x 30 steps (~11 min a run, 1 core)
 #   bash benchmarks/issue23_studies.sh search_r1_v2   # Search-R1 in a box v2 (~1-2 h an RL run, 9 RL runs)
 #   bash benchmarks/issue23_studies.sh searchqa       # SearchQA after SFT: 6 arms x 5 seeds (needs v2's SFT model)
-#   bash benchmarks/issue23_studies.sh report         # both comparisons' compare.md from the runs finished so far
+#   bash benchmarks/issue23_studies.sh report         # both comparisons' compare.md, and v2's interim table, from the runs finished so far
 #   bash benchmarks/issue23_studies.sh save           # before a session ends: finished runs -> benchmarks/results/
 #
 # A new machine has no runs/ folder: the two Search-R1 studies then start from what `save` committed (v2:
@@ -56,7 +56,11 @@ case "${1:-}" in
     for s in 0 1 2 3 4; do
       compare --seeds "$s," --out "$RUNS/compare_issue23_searchqa" --resume "${SEARCHQA[@]}"
     done ;;
-  report)   # trains nothing: the seeds every arm finished
+  report)   # trains nothing: the seeds every arm finished; v2: the phases finished so far
+    if [ -f "$RUNS/search_r1_v2/progress.json" ]; then
+      python benchmarks/search_r1/small_scale.py --threads 1 "${V2[@]}" --runs-dir "$RUNS/search_r1_v2" \
+        --out "$RUNS/search_r1_v2/interim" --report-only
+    fi
     compare --seeds 5 --out "$RUNS/compare_issue23_math" --report-only "${MATH[@]}"
     if [ -d "$RUNS/compare_issue23_searchqa" ]; then
       compare --seeds 5 --out "$RUNS/compare_issue23_searchqa" --report-only "${SEARCHQA[@]}"

@@ -62,6 +62,31 @@ def test_a_study_goes_on_from_its_committed_files_on_a_new_machine(tmp_path, cap
     assert "sft: EM" in check and "verdicts differ on 0 of 3 questions" in check
 
 
+def test_report_only_writes_an_interim_report_of_the_finished_phases(tmp_path, capsys):
+    ss = _load("small_scale")
+    runs, out = tmp_path / "runs", tmp_path / "interim"
+    args = [*STUDY, "--runs-dir", str(runs), "--out", str(out), "--report-only"]
+    assert ss.main(args) == 2                                   # nothing ran here yet
+    assert "nothing has finished" in capsys.readouterr().err
+    assert ss.main([*STUDY, "--runs-dir", str(runs), "--out", str(tmp_path / "full")]) == 0
+    full = json.loads((tmp_path / "full" / "small_scale.json").read_text())
+    # the study as it stood before its RL run finished: the same file without that run
+    state = json.loads((runs / "progress.json").read_text())
+    state["records"].pop("grpo_masked"), state["rl"].pop("grpo_masked")
+    (runs / "progress.json").write_text(json.dumps(state))
+    capsys.readouterr()
+    assert ss.main(args) == 0
+    md = (out / "small_scale.md").read_text()
+    assert "**Interim report**" in md and "grpo_masked: 0 of 1 seeds" in md
+    assert "| (c) SFT only" in md and "SFT→GRPO" not in md
+    interim = json.loads((out / "small_scale.json").read_text())
+    assert interim["stats"]["sft"] == full["stats"]["sft"] and (out / "small_scale.png").is_file()
+    assert json.loads((runs / "progress.json").read_text()) == state     # read, never written
+    # the settings are checked as --resume checks them
+    assert ss.main([*args, "--seeds", "2"]) == 2
+    assert "--report-only" in capsys.readouterr().err
+
+
 def test_restore_refuses_a_machine_that_has_the_study_and_a_run_without_its_log(tmp_path):
     rp = _load("restore_progress")
     raw = tmp_path / "committed"

@@ -32,6 +32,7 @@ checkpoint) and ``--resume`` continues.
     python benchmarks/search_r1/small_scale.py --threads 1           # the default study
     python benchmarks/search_r1/small_scale.py --threads 1 --quick   # smoke run (minutes)
     python benchmarks/search_r1/small_scale.py --threads 1 --resume  # continue it after Ctrl-C
+    python benchmarks/search_r1/small_scale.py --report-only --out DIR  # the table of what has finished so far
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "stopped from its last checkpoint instead of from step 0 (0: no periodic checkpoint)")
     p.add_argument("--replot", default=None, metavar="JSON",
                    help="recompute statistics, table and PNG from a finished run's small_scale.json (no training)")
+    p.add_argument("--report-only", action="store_true",
+                   help="the table and PNG of the phases RUNS_DIR/progress.json has finished so far (an interim "
+                        "report of a study under way; trains and evaluates nothing; the same study flags)")
     p.add_argument("--n-boot", type=int, default=10_000)
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's; 1 on a machine other jobs load)")
@@ -324,6 +328,8 @@ def markdown(result: dict[str, Any]) -> str:
              "greedy, EM with Search-R1's normalisation. EM [95 % CI]: percentile bootstrap over questions "
              "(10k resamples) of the per-question EM averaged over the arm's seeds (seeds held fixed); "
              "deterministic greedy baselines have one run. Raw: `small_scale.json`.", "",
+             *([f"**Interim report** (`--report-only`) of a study under way; not finished: "
+                f"{'; '.join(meta['interim'])}.", ""] if meta.get("interim") else []),
              "| arm | seeds | EM overall | single_hop | multi_hop | no_search | searches / ep | invalid / ep | "
              "answered | EM per seed |",
              "|---|---:|---|---|---|---|---:|---:|---:|---|"]
@@ -417,7 +423,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax2.set_xlabel("step")
     ax2.set_ylim(0, 1)
     ax2.grid(alpha=0.3)
-    ax2.legend(fontsize=7)
+    if result["rl"]:
+        ax2.legend(fontsize=7)
+    else:   # an interim report before the first RL run finished
+        ax2.text(0.5, 0.5, "no RL run finished yet", ha="center", va="center", transform=ax2.transAxes)
     fig.suptitle("Search-R1 small scale: SmolLM2-135M on the bundled SearchQA world (CPU)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -534,7 +543,7 @@ def _same_fingerprint(recorded: dict[str, Any], current: dict[str, Any]) -> bool
 
 #: flags that do not shape the study: where the outputs go (a relative or absolute name of the same folder,
 #: or a moved one), threads, bootstrap resamples, checkpoint keeping; override is in the config
-_FREE = {"out", "runs_dir", "resume", "replot", "threads", "keep_checkpoints", "checkpoint_every", "n_boot", "override"}
+_FREE = {"out", "runs_dir", "resume", "replot", "report_only", "threads", "keep_checkpoints", "checkpoint_every", "n_boot", "override"}
 
 
 def fingerprint(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
@@ -559,6 +568,8 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir = Path(args.runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
     progress = Progress(runs_dir / "progress.json", fingerprint(args, cfg))
+    if args.report_only:
+        return report_only(args, argv, cfg, progress)
     if args.resume:
         try:
             progress.load()
@@ -660,6 +671,39 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
             records[key].append(recs)
             progress.save()
 
+    return write_report(args, argv, cfg, progress, load_start)
+
+
+def report_only(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progress: Progress) -> int:
+    """``--report-only``: the report of the finished phases, training nothing (needs the SFT phase done)."""
+    if not progress.path.exists():
+        print(f"error: --report-only: no {progress.path}: nothing has finished in this runs dir", file=sys.stderr)
+        return 2
+    try:
+        progress.load()
+    except ValueError as e:
+        print(f"error: {str(e).replace('--resume', '--report-only')}", file=sys.stderr)
+        return 2
+    if progress.sft is None or "sft" not in progress.records:
+        print("error: --report-only: the SFT phase has not finished yet: there is nothing to compare", file=sys.stderr)
+        return 2
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    planned = {a for a in args.arms.split(",")}
+    left = [f"{a}: {len(progress.records.get(a, []))} of {args.seeds} seeds" for a, _, _ in RL_ARMS
+            if a in planned and len(progress.records.get(a, [])) < args.seeds]
+    if left:
+        log("--report-only: an interim report; not finished: " + "; ".join(left))
+    return write_report(args, argv, cfg, progress, os.getloadavg(), interim=left)
+
+
+def write_report(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progress: Progress,
+                 load_start: tuple[float, ...], interim: list[str] | None = None) -> int:
+    """``small_scale.json``, ``.md`` and ``.png`` in ``--out`` from the phases ``progress`` holds."""
+    import torch
+
+    from agentgym.config import to_dict
+    out, timings, records, rl, sft_summary = Path(args.out), progress.timings, progress.records, progress.rl, progress.sft
+    indices = eval_indices(cfg, args.eval_per_type)
     stats, comps = analyse(records, args.n_boot)
     timings["total"] = progress.elapsed()   # a resumed study: every process's wall
     meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "model": cfg.model,
@@ -674,7 +718,7 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
                         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                         "load_average_start": list(load_start), "load_average_end": list(os.getloadavg())},
-            "wall_s": timings, "resumed": progress.reused,
+            "wall_s": timings, "resumed": progress.reused, "interim": interim or [],
             "stats_method": "per-question EM averaged over the arm's seeds; percentile bootstrap over questions "
                             "(agentgym.app.stats.bootstrap_ci); comparisons: paired bootstrap over questions "
                             "(paired_bootstrap_ci); seeds held fixed. em_seed_t_ci: Student t over per-seed EM."}
