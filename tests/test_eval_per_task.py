@@ -91,9 +91,18 @@ def test_cli_writes_per_task_records_and_pairs_two_policies(tmp_path, capsys):
     # the written file reads back the same per-task records, with or without its per_task key
     head, tasks = load_eval_tasks(str(rand))
     assert head["env"] == "agentgym/Arithmetic-v0" and head["group_size"] == 2 and tasks == data["per_task"]
+    slim = {k: v for k, v in data.items() if k != "trajectories"}    # kept without its episodes: pairs the same
+    (tmp_path / "slim.json").write_text(json.dumps(slim))
+    assert load_eval_tasks(str(tmp_path / "slim.json")) == (head, tasks)
+    assert run_eval("--policy", "oracle", "--paired-with", str(tmp_path / "slim.json")) == 0
+    assert "= +1.000" in capsys.readouterr().out
     del data["per_task"]
     rand.write_text(json.dumps(data))
     assert load_eval_tasks(str(rand))[1] == [{**t, "success": 0.0} for t in tasks]
+    del data["trajectories"]                                         # neither: not an eval file
+    rand.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="neither per_task nor trajectories"):
+        load_eval_tasks(str(rand))
 
 
 def test_cli_refuses_a_baseline_that_cannot_be_paired(tmp_path, capsys):

@@ -136,7 +136,7 @@ def task_summary(tasks: list[dict[str, Any]], group_size: int) -> dict[str, Any]
 
 def load_eval_tasks(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """An ``agentgym eval --json`` file's header (env, env_kwargs, group_size) and per-task records (from
-    its ``per_task``, or rebuilt from its trajectories). Raises ``ValueError`` with the reason when the
+    its ``per_task``, or rebuilt from its trajectories; a file kept with ``per_task`` alone is enough). Raises ``ValueError`` with the reason when the
     file is missing or is not such a file."""
     from pathlib import Path
     p = Path(path)
@@ -146,8 +146,11 @@ def load_eval_tasks(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         data = json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"paired_with: {path} is not JSON ({e})") from None
-    if not isinstance(data, dict) or "env" not in data or not isinstance(data.get("trajectories"), list):
-        raise ValueError(f"paired_with: {path} is not an `agentgym eval --json` file (no env or trajectories)")
+    # a file kept without its episodes (per_task only, e.g. committed next to a study) pairs as well
+    if not isinstance(data, dict) or "env" not in data or not (
+            isinstance(data.get("trajectories"), list) or isinstance(data.get("per_task"), list)):
+        raise ValueError(f"paired_with: {path} is not an `agentgym eval --json` file (no env, or neither "
+                         "per_task nor trajectories)")
     group_size = int((data.get("config") or {}).get("group_size", 1))
     tasks = data.get("per_task")
     if not isinstance(tasks, list):
