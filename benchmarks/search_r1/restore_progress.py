@@ -45,6 +45,9 @@ def history(path: Path) -> list[dict[str, float]]:
 
 def restore(raw: Path, runs_dir: Path, study_argv: list[str]) -> dict:
     import small_scale as ss
+    if (runs_dir / "progress.json").exists():   # before any work: nothing here to rebuild
+        raise SystemExit(f"error: {runs_dir / 'progress.json'} exists: this machine has the study; "
+                         "run small_scale.py --resume instead")
     args = ss.parse_args([*study_argv, "--runs-dir", str(runs_dir)])
     cfg = ss.load_train_config(args)
     records = json.loads((raw / "heldout_records.json").read_text())["records"]
@@ -60,9 +63,6 @@ def restore(raw: Path, runs_dir: Path, study_argv: list[str]) -> dict:
     progress = ss.Progress(runs_dir / "progress.json", ss.fingerprint(args, cfg))
     progress.records, progress.rl = kept, rl
     runs_dir.mkdir(parents=True, exist_ok=True)
-    if (runs_dir / "progress.json").exists():
-        raise SystemExit(f"error: {runs_dir / 'progress.json'} exists: this machine has the study; "
-                         "run small_scale.py --resume instead")
     progress.save()
     (runs_dir / "restored_sft_records.json").write_text(json.dumps(
         {"from": str(raw / "heldout_records.json"), "records": {k: records[k] for k in SFT_PHASES if k in records}}))
