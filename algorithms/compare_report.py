@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -176,12 +177,12 @@ def _paired_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             seeds = [k for k in sa if k in sb and sa[k] and len(sa[k]) == len(sb[k])]
             if not seeds:
                 continue
-            xa, xb = [float(np.mean(sa[k])) for k in seeds], [float(np.mean(sb[k])) for k in seeds]
+            xa, xb, ta, tb = _paired_means([sa[k] for k in seeds], [sb[k] for k in seeds])
             raw_seeds = paired_diff_ci(xa, xb)
             seeds_ci, seeds_why = without_undefined(raw_seeds, len(seeds))
-            ta, tb = np.mean([sa[k] for k in seeds], axis=0), np.mean([sb[k] for k in seeds], axis=0)
             raw_tasks = paired_bootstrap_ci(ta, tb)
-            tasks_ci, tasks_why = without_undefined(raw_tasks, len(ta), unit="task")
+            n_tasks = int(np.isfinite(ta - tb).sum())   # the tasks both variants scored
+            tasks_ci, tasks_why = without_undefined(raw_tasks, n_tasks, unit="task")
             verdicts = (verdict(raw_seeds), verdict(raw_tasks))
             if "n/a" in verdicts:
                 both = "n/a"
@@ -190,11 +191,27 @@ def _paired_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             else:
                 both = "noise" if verdicts == ("noise", "noise") else "one of two"
             rows.append({"a": a, "b": b, "metric": "eval_success_after", "diff": raw_seeds[0],
-                         "seeds": [int(k) for k in seeds], "tasks": int(len(ta)),
+                         "seeds": [int(k) for k in seeds], "tasks": n_tasks,
                          "over_seeds": list(seeds_ci), "over_seeds_undefined": seeds_why,
                          "over_seeds_min_detectable": paired_min_detectable(xa, xb),
                          "over_tasks": list(tasks_ci), "over_tasks_undefined": tasks_why, "verdict": both})
     return rows
+
+
+def _paired_means(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]
+                  ) -> tuple[list[float], list[float], np.ndarray, np.ndarray]:
+    """Per-seed and per-task means of two variants' task successes (rows: seeds, columns: tasks), each on
+    the (seed, task) cells both variants scored: a task whose episodes service failures all ended is NaN
+    (:func:`~agentgym.algorithms.held_out.task_successes`) and is left out of both sides of that seed, so
+    the two are still compared on the same tasks. A seed or task with no such cell is NaN, which the
+    intervals drop."""
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    both = np.isfinite(xa) & np.isfinite(xb)
+    xa, xb = np.where(both, xa, np.nan), np.where(both, xb, np.nan)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # the mean of no cells: NaN, said above
+        return (np.nanmean(xa, axis=1).tolist(), np.nanmean(xb, axis=1).tolist(),
+                np.nanmean(xa, axis=0), np.nanmean(xb, axis=0))
 
 
 def _paired_lines(paired: Sequence[Mapping[str, Any]]) -> list[str]:

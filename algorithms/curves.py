@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -17,7 +18,8 @@ def held_out_gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, fl
     if not a or not b or len(a) != len(b):
         return None
     ci = paired_bootstrap_ci(a, b)
-    return {"success_gain": ci[0], "ci_low": ci[1], "ci_high": ci[2], "tasks": float(len(a)),
+    scored = sum(1 for x, y in zip(a, b) if math.isfinite(x - y))   # NaN: a task service failures left unscored
+    return {"success_gain": ci[0], "ci_low": ci[1], "ci_high": ci[2], "tasks": float(scored),
             "verdict": verdict(ci)}
 
 

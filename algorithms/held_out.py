@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from agentgym.rollout import RolloutConfig, RolloutEngine
-from agentgym.rollout_metrics import task_groups
+from agentgym.rollout_metrics import task_groups, task_success
 
 from agentgym.algorithms.config import TrainConfig
 
@@ -46,13 +46,15 @@ def held_out_eval(engine: RolloutEngine, cfg: TrainConfig,
 
 def task_successes(cfg: TrainConfig, trajectories: Sequence[Any]) -> list[float]:
     """Each held-out task's success, in task order, from :func:`held_out_eval`'s trajectories: 0 or 1
-    when greedy, the mean of its ``eval.samples`` episodes otherwise (for the paired CIs over tasks)."""
+    when greedy, the mean of its ``eval.samples`` episodes otherwise (for the paired CIs over tasks).
+    As in ``eval/success_rate`` and ``agentgym eval``, an episode a service failure ended (``infra_error``)
+    is neither a success nor a failure (:func:`~agentgym.rollout_metrics.task_success`): a task's mean
+    is over its other episodes, NaN when failures ended them all (the paired CIs leave such tasks out)."""
     k = max(1, cfg.eval.samples)
     if len(trajectories) != k * cfg.eval.episodes:
         raise ValueError(f"{len(trajectories)} eval trajectories, expected eval.episodes x max(1, eval.samples) = "
                          f"{cfg.eval.episodes} x {k}")
-    # an episode a service failure ended counts as a failure here (the comparisons so far were scored so)
-    return [sum(float(bool(t.episode.get("success"))) for t in g) / k for g in task_groups(trajectories, k)]
+    return [task_success(g) for g in task_groups(trajectories, k)]
 
 
 def scored_eval(engine: RolloutEngine, cfg: TrainConfig,

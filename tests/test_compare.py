@@ -232,6 +232,26 @@ def test_held_out_success_is_also_compared_paired_over_seeds_and_tasks():
     assert back["_paired"][0]["verdict"] == "separated"
 
 
+def test_paired_held_out_success_leaves_out_tasks_a_service_failure_left_unscored():
+    """A task whose episodes service failures all ended is NaN in its run's successes (held_out.task_successes):
+    the paired comparison leaves that (seed, task) out of both arms, so the rest are still compared on the
+    same tasks, and the task count says how many were."""
+    nan = math.nan
+    a0, b0 = [1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, nan]      # seed 0: task 3 unscored in b
+    a1, b1 = [1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]
+    runs = [_eval_record("a", 0, a0), _eval_record("b", 0, b0), _eval_record("a", 1, a1), _eval_record("b", 1, b1)]
+    s = summarize_runs(runs, [Variant("a", "a"), Variant("b", "b")], per_step=4, threshold=0.8)
+    p = s["_paired"][0]
+    # per seed, on the tasks both scored: seed 0 (tasks 0-2) 2/3 - 1/3, seed 1 (all four) 3/4 - 1/4
+    assert p["diff"] == pytest.approx(((2 / 3 - 1 / 3) + (3 / 4 - 1 / 4)) / 2)
+    assert p["tasks"] == 4 and p["seeds"] == [0, 1]
+    assert all(math.isfinite(x) for x in p["over_tasks"])
+    # a task no seed scored in both arms is left out of the bootstrap over tasks
+    runs[3] = _eval_record("b", 1, [0.0, 0.0, 1.0, nan])
+    p = summarize_runs(runs, [Variant("a", "a"), Variant("b", "b")], per_step=4, threshold=0.8)["_paired"][0]
+    assert p["tasks"] == 3 and p["diff"] == pytest.approx(1 / 3)
+
+
 def test_training_health_table_says_signal_collapse_and_alarms(tmp_path):
     """compare.md's health table: per arm, the seed mean of the share of groups without signal, entropy and
     response length first → last, grad norm, infra-error episodes, and how many runs raised each alarm

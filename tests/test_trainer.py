@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 import signal
 import subprocess
@@ -138,9 +139,23 @@ def test_sampled_held_out_eval_scores_each_task_by_the_mean_of_its_samples(tmp_p
         return SimpleNamespace(task_index=task, episode={"success": success})
     assert task_successes(cfg, [traj(0, True), traj(0, False), traj(0, True),
                                 traj(1, False), traj(1, False), traj(1, True)]) == [2 / 3, 1 / 3]
+    # an episode a service failure ended is neither success nor failure (as in eval/success_rate)
+    broken = SimpleNamespace(task_index=0, episode={"success": False, "infra_error": "retriever: 503"})
+    assert task_successes(cfg, [traj(0, True), broken, traj(0, False),
+                                traj(1, True), traj(1, True), traj(1, False)]) == [1 / 2, 2 / 3]
+    unscored = task_successes(cfg, [broken] * 3 + [traj(1, True)] * 3)
+    assert math.isnan(unscored[0]) and unscored[1] == 1.0
     with pytest.raises(ValueError, match="expected eval.episodes x"):
         task_successes(cfg, [traj(0, True)] * 5)
     with pytest.raises(ValueError, match="task by task"):
         task_successes(cfg, [traj(0, True), traj(1, True), traj(0, True)] * 2)
     with pytest.raises(ConfigError, match="eval.samples"):
         load_config(TrainConfig, overrides=[*base, "eval.samples=-1"])
+
+
+def test_held_out_gain_leaves_out_tasks_a_service_failure_left_unscored():
+    """A run's held-out gain (curves.held_out_gain, the "gain" entry of evals.json): on the tasks scored before and after."""
+    from agentgym.algorithms.curves import held_out_gain
+    gain = held_out_gain({"successes": [0.0, 0.0, math.nan, 1.0]}, {"successes": [1.0, 0.0, 1.0, 1.0]})
+    assert gain["tasks"] == 3.0 and gain["success_gain"] == pytest.approx(1 / 3)
+    assert held_out_gain({"successes": [0.0]}, {"successes": [0.0, 1.0]}) is None   # not the same tasks
