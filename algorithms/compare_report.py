@@ -214,6 +214,12 @@ def _paired_means(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]
                 np.nanmean(xa, axis=0), np.nanmean(xb, axis=0))
 
 
+def _count(n: int, unit: str, undefined: str | None) -> str:
+    """`` (n units)`` after an interval, unless the reason it is undefined already says so ("1 seed")."""
+    said = f"{n} {unit}{'' if n == 1 else 's'}"
+    return "" if undefined and undefined.startswith(said) else f" ({said})"
+
+
 def _paired_lines(paired: Sequence[Mapping[str, Any]]) -> list[str]:
     """The paired table of :func:`_paired_differences`."""
     if not paired:
@@ -228,9 +234,9 @@ def _paired_lines(paired: Sequence[Mapping[str, Any]]) -> list[str]:
     for d in paired:
         mdd = d["over_seeds_min_detectable"]
         lines.append(f"| `{d['a']}` − `{d['b']}` | {d['diff']:+.3f} | "
-                     f"{_fmt_ci((d['diff'], *d['over_seeds'][1:]), d['over_seeds_undefined'])} ({len(d['seeds'])} seeds) | "
+                     f"{_fmt_ci((d['diff'], *d['over_seeds'][1:]), d['over_seeds_undefined'])}{_count(len(d['seeds']), 'seed', d['over_seeds_undefined'])} | "
                      f"{'n/a' if math.isnan(mdd) else f'{mdd:.3f}'} | "
-                     f"{_fmt_ci(tuple(d['over_tasks']), d['over_tasks_undefined'])} ({d['tasks']} tasks) | {d['verdict']} |")
+                     f"{_fmt_ci(tuple(d['over_tasks']), d['over_tasks_undefined'])}{_count(d['tasks'], 'task', d['over_tasks_undefined'])} | {d['verdict']} |")
     return lines + [""]
 
 

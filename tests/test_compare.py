@@ -252,6 +252,16 @@ def test_paired_held_out_success_leaves_out_tasks_a_service_failure_left_unscore
     assert p["tasks"] == 3 and p["diff"] == pytest.approx(1 / 3)
 
 
+def test_paired_table_with_one_seed_says_why_once():
+    """One finished seed: the interval over seeds is n/a with its reason, said once, not "(1 seed) (1 seeds)";
+    the interval over tasks still exists and counts its tasks."""
+    from agentgym.algorithms.compare_report import _paired_lines
+    runs = [_eval_record("a", 0, [1.0, 1.0, 0.0, 1.0]), _eval_record("b", 0, [0.0, 1.0, 0.0, 0.0])]
+    s = summarize_runs(runs, [Variant("a", "a"), Variant("b", "b")], per_step=4, threshold=0.8)
+    row = next(line for line in _paired_lines(s["_paired"]) if line.startswith("| `a` − `b`"))
+    assert "| n/a (1 seed) | n/a |" in row and "seeds)" not in row and "(4 tasks) |" in row
+
+
 def test_training_health_table_says_signal_collapse_and_alarms(tmp_path):
     """compare.md's health table: per arm, the seed mean of the share of groups without signal, entropy and
     response length first → last, grad norm, infra-error episodes, and how many runs raised each alarm
