@@ -208,7 +208,7 @@ def _paired_means(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]
     xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     both = np.isfinite(xa) & np.isfinite(xb)
     xa, xb = np.where(both, xa, np.nan), np.where(both, xb, np.nan)
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # the mean of no cells: NaN, said above
         return (np.nanmean(xa, axis=1).tolist(), np.nanmean(xb, axis=1).tolist(),
                 np.nanmean(xa, axis=0), np.nanmean(xb, axis=0))
