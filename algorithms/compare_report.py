@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from agentgym.app.stats import (diff_ci, format_ci, mean_ci, min_detectable_difference, paired_bootstrap_ci,
-                                paired_diff_ci, paired_min_detectable, verdict, without_undefined)
+                                paired_count, paired_diff_ci, paired_min_detectable, verdict, without_undefined)
 
 from agentgym.algorithms.compare_arms import RunRecord, Variant
 from agentgym.algorithms.compare_health import health_lines, health_summary
@@ -181,7 +181,7 @@ def _paired_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             raw_seeds = paired_diff_ci(xa, xb)
             seeds_ci, seeds_why = without_undefined(raw_seeds, len(seeds))
             raw_tasks = paired_bootstrap_ci(ta, tb)
-            n_tasks = int(np.isfinite(ta - tb).sum())   # the tasks both variants scored
+            n_tasks = paired_count(ta, tb)   # the tasks both variants scored
             tasks_ci, tasks_why = without_undefined(raw_tasks, n_tasks, unit="task")
             verdicts = (verdict(raw_seeds), verdict(raw_tasks))
             if "n/a" in verdicts:
@@ -214,9 +214,14 @@ def _paired_means(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]
                 np.nanmean(xa, axis=0), np.nanmean(xb, axis=0))
 
 
+def _plural(n: int, unit: str) -> str:
+    """``"1 seed"``, ``"3 seeds"``."""
+    return f"{n} {unit}{'' if n == 1 else 's'}"
+
+
 def _count(n: int, unit: str, undefined: str | None) -> str:
     """`` (n units)`` after an interval, unless the reason it is undefined already says so ("1 seed")."""
-    said = f"{n} {unit}{'' if n == 1 else 's'}"
+    said = _plural(n, unit)
     return "" if undefined and undefined.startswith(said) else f" ({said})"
 
 
@@ -448,7 +453,7 @@ def write_artifacts(out: Path, records: Sequence[RunRecord], variants: Sequence[
     per_step = base.groups_per_step * base.group_size
     paths = {ext: out / f"compare.{ext}" for ext in ("csv", "png", "md", "json")}
     write_csv(records, per_step, paths["csv"])
-    plot_comparison(records, variants, per_step, paths["png"], title=f"{base.env} · {base.model} · {len(seeds)} seeds",
+    plot_comparison(records, variants, per_step, paths["png"], title=f"{base.env} · {base.model} · {_plural(len(seeds), 'seed')}",
                     scored=base.eval.describe())
     paths["md"].write_text(markdown_table(summary, base, seeds, steps, per_step, threshold, same_tasks))
     paths["json"].write_text(json.dumps({

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -13,13 +12,12 @@ __all__ = ["held_out_gain", "plot_curves"]
 
 def held_out_gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float] | None:
     """Held-out success after − before on the same tasks, with a 95 % paired bootstrap CI over tasks."""
-    from agentgym.app.stats import paired_bootstrap_ci, verdict
+    from agentgym.app.stats import paired_bootstrap_ci, paired_count, verdict
     a, b = after.get("successes"), before.get("successes")
     if not a or not b or len(a) != len(b):
         return None
     ci = paired_bootstrap_ci(a, b)
-    scored = sum(1 for x, y in zip(a, b) if math.isfinite(x - y))   # NaN: a task service failures left unscored
-    return {"success_gain": ci[0], "ci_low": ci[1], "ci_high": ci[2], "tasks": float(scored),
+    return {"success_gain": ci[0], "ci_low": ci[1], "ci_high": ci[2], "tasks": float(paired_count(a, b)),
             "verdict": verdict(ci)}
 
 

@@ -262,6 +262,19 @@ def test_paired_table_with_one_seed_says_why_once():
     assert "| n/a (1 seed) | n/a |" in row and "seeds)" not in row and "(4 tasks) |" in row
 
 
+def test_one_seed_artifacts_say_1_seed(tmp_path, monkeypatch):
+    """compare.{csv,png,md,json} of a single finished seed: the figure's title says "1 seed", not "1 seeds"."""
+    from agentgym.algorithms import compare_report
+    from agentgym.algorithms.trainer import TrainConfig
+    titles = []
+    monkeypatch.setattr(compare_report, "plot_comparison", lambda *a, title, **k: titles.append(title))
+    runs = [_eval_record("a", 0, [1.0, 1.0, 0.0, 1.0]), _eval_record("b", 0, [0.0, 1.0, 0.0, 0.0])]
+    variants = [Variant("a", "a"), Variant("b", "b")]
+    s = summarize_runs(runs, variants, per_step=4, threshold=0.8)
+    paths = compare_report.write_artifacts(tmp_path, runs, variants, s, TrainConfig(), [0], 2, 0.8, "yes")
+    assert titles and titles[0].endswith("· 1 seed") and paths["md"].exists() and paths["json"].exists()
+
+
 def test_training_health_table_says_signal_collapse_and_alarms(tmp_path):
     """compare.md's health table: per arm, the seed mean of the share of groups without signal, entropy and
     response length first → last, grad norm, infra-error episodes, and how many runs raised each alarm

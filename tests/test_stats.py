@@ -7,7 +7,7 @@ import math
 import pytest
 
 from agentgym.app.stats import (bootstrap_ci, diff_ci, mean_ci, min_detectable_difference, paired_bootstrap_ci,
-                                paired_diff_ci, paired_min_detectable, t_quantile, verdict)
+                                paired_count, paired_diff_ci, paired_min_detectable, t_quantile, verdict)
 
 
 def test_t_interval_by_hand():
@@ -49,6 +49,13 @@ def test_bootstraps_are_seeded_and_cover_the_mean():
     assert d == pytest.approx(0.5) and lo > 0 and verdict((d, lo, hi)) == "significant"
     with pytest.raises(ValueError, match="same items"):
         paired_bootstrap_ci([1, 0], [1])
+
+
+def test_a_pair_with_an_unscored_side_is_left_out_and_not_counted():
+    after, before = [1.0, math.nan, 0.0, 1.0], [0.0, 1.0, math.nan, 1.0]   # NaN: a task no episode scored
+    assert paired_count(after, before) == 2
+    assert paired_bootstrap_ci(after, before)[0] == pytest.approx(0.5)   # the mean of (1 - 0) and (1 - 1)
+    assert paired_count([], []) == 0
 
 
 def test_compare_table_says_which_differences_are_significant():

@@ -147,6 +147,13 @@ def paired_bootstrap_ci(after: Sequence[float], before: Sequence[float], level: 
     return bootstrap_ci(list(x - y), level, n_boot, seed)
 
 
+def paired_count(after: Sequence[float], before: Sequence[float]) -> int:
+    """How many pairs :func:`paired_bootstrap_ci` rests on: those both sides scored (NaN, e.g. a task that
+    service failures left unscored, drops its pair)."""
+    x, y = np.asarray(after, dtype=float), np.asarray(before, dtype=float)
+    return int(np.isfinite(x - y).sum())
+
+
 def undefined_reason(ci: tuple[float, float, float], n: int | None = None, unit: str = "seed") -> str | None:
     """Why ``ci`` is no interval, or None when it is one (finite bounds, positive width).
 
