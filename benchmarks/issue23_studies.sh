@@ -7,7 +7,7 @@
 #   bash benchmarks/issue23_studies.sh math           # Math-v0: 6 arms x 5 seeds x 30 steps (~11 min a run, 1 core)
 #   bash benchmarks/issue23_studies.sh search_r1_v2   # Search-R1 in a box v2 (~1-2 h an RL run, 9 RL runs)
 #   bash benchmarks/issue23_studies.sh searchqa       # SearchQA after SFT: 6 arms x 5 seeds (needs v2's SFT model)
-#   bash benchmarks/issue23_studies.sh report         # both comparisons' compare.md, and v2's interim table, from the runs finished so far
+#   bash benchmarks/issue23_studies.sh report         # both comparisons' compare.md, v2's interim table and its re-scores' summary, from the runs finished so far
 #   bash benchmarks/issue23_studies.sh save           # before a session ends: finished runs -> benchmarks/results/
 #
 # A new machine has no runs/ folder: the two Search-R1 studies then start from what `save` committed (v2:
@@ -60,6 +60,18 @@ case "${1:-}" in
     if [ -f "$RUNS/search_r1_v2/progress.json" ]; then
       python benchmarks/search_r1/small_scale.py --threads 1 "${V2[@]}" --runs-dir "$RUNS/search_r1_v2" \
         --out "$RUNS/search_r1_v2/interim" --report-only
+    fi
+    RESCORE="$RUNS/search_r1_v2/rescore"
+    if [ -f "$RESCORE/sft.json" ]; then   # the sampled re-scores, per arm and over seeds; arm pairs once both exist
+      PAIRS=()
+      for pair in "grpo_masked grpo_unmasked" "grpo_masked ppo_masked"; do
+        read -r a b <<< "$pair"
+        if compgen -G "$RESCORE/${a}_seed*.json" > /dev/null && compgen -G "$RESCORE/${b}_seed*.json" > /dev/null; then
+          PAIRS+=(--pair "$a" "$b")
+        fi
+      done
+      python benchmarks/search_r1/rescore_summary.py --dir "$RESCORE" "${PAIRS[@]}" \
+        --json "$RUNS/search_r1_v2/rescore_summary.json" | tee "$RUNS/search_r1_v2/rescore_summary.md"
     fi
     compare --seeds 5 --out "$RUNS/compare_issue23_math" --report-only "${MATH[@]}"
     if [ -d "$RUNS/compare_issue23_searchqa" ]; then

@@ -6,6 +6,7 @@
 #   bash benchmarks/search_r1/rescore_sampled.sh sft runs/search_r1_v2/sft/model
 #   bash benchmarks/search_r1/rescore_sampled.sh grpo_masked_seed2 runs/search_r1_v2/grpo_masked_seed2
 # The second and later models are paired with sft.json (per question, 95 % bootstrap CI) when it exists.
+# Read them together (per arm over its seeds, and arm against arm): benchmarks/search_r1/rescore_summary.py.
 set -euo pipefail
 NAME=$1 POLICY=$2
 RUNS=${RUNS:-runs}

@@ -1,0 +1,122 @@
+"""benchmarks/search_r1/rescore_summary.py: the sampled re-scores of Search-R1 in a box v2, read per arm.
+
+Checked on the committed re-scores (real `agentgym eval --json` files) against hand computations, and on
+small files written here for the cases those do not have (seeds an arm lacks, unscored questions, bad input).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agentgym.app.stats import paired_bootstrap_ci, t_quantile
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "search_r1" / "rescore_summary.py"
+RAW = ROOT / "benchmarks" / "results" / "search_r1_v2_runs"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("rescore_summary", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _write(folder: Path, name: str, successes: dict[int, float]) -> None:
+    per_task = [{"task_index": k, "episodes": 4, "scored": 0 if math.isnan(v) else 4, "success": v}
+                for k, v in successes.items()]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps({"per_task": per_task, "task_summary": {"pass@4": 0.5}}))
+
+
+def test_committed_ppo_masked_rescores_match_a_hand_computation():
+    mod = _module()
+    scores = mod.load_scores(RAW / "rescore")
+    seeds = sorted(n for n in scores if n.startswith("ppo_masked_seed"))
+    assert len(seeds) >= 2, "the committed re-scores hold PPO masked seeds"
+    s = mod.summarize(scores, mod.load_types(RAW / "heldout_records.json"))
+    tasks = sorted(scores["sft"]["per_task"])
+    sft = [scores["sft"]["per_task"][k] for k in tasks]
+    runs = np.asarray([[scores[n]["per_task"][k] for k in tasks] for n in seeds])
+    # over questions: each question's mean over the seeds, minus SFT's, bootstrapped over the questions
+    expect = paired_bootstrap_ci(runs.mean(axis=0).tolist(), sft)
+    arm = s["arms"]["ppo_masked"]
+    assert (arm["over_questions"]["diff"], arm["over_questions"]["low"], arm["over_questions"]["high"]) == \
+        pytest.approx(expect)
+    # over seeds: Student's t over the per-seed differences
+    d = runs.mean(axis=1) - np.mean(sft)
+    half = t_quantile(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    assert arm["over_seeds"]["low"] == pytest.approx(d.mean() - half)
+    assert arm["over_seeds"]["high"] == pytest.approx(d.mean() + half)
+    assert arm["seeds"] == [int(n.rsplit("seed", 1)[1]) for n in seeds]
+    # per type: 30 questions of each type, the type read from the study's records
+    assert set(s["models"]["sft"]["by_type"]) == {"single_hop", "multi_hop", "no_search"}
+    types = mod.load_types(RAW / "heldout_records.json")
+    single = [k for k in tasks if types[k] == "single_hop"]
+    assert s["models"]["sft"]["by_type"]["single_hop"] == pytest.approx(
+        np.mean([scores["sft"]["per_task"][k] for k in single]))
+
+
+def test_arms_pair_by_seed_and_fall_back_to_welch(tmp_path):
+    mod = _module()
+    tasks = range(6)
+    _write(tmp_path, "sft", {k: 0.0 for k in tasks})
+    for seed, lift in enumerate((0.5, 0.25, 0.5)):
+        _write(tmp_path, f"a_seed{seed}", {k: lift if k % 2 else 0.0 for k in tasks})
+    for seed, lift in enumerate((0.25, 0.0, 0.25)):
+        _write(tmp_path, f"b_seed{seed}", {k: lift if k % 2 else 0.0 for k in tasks})
+    _write(tmp_path, "c_seed7", {k: 0.25 for k in tasks})
+    s = mod.summarize(mod.load_scores(tmp_path), {}, pairs=[("a", "b"), ("a", "c")])
+    ab, ac = s["pairs"]
+    assert ab["over_seeds"]["how"] == "paired over 3 shared seeds"
+    assert ab["over_seeds"]["diff"] == pytest.approx(0.125) and ab["over_seeds"]["undefined"] == "seeds agree: no spread"
+    assert ac["over_seeds"]["how"] == "Welch, all seeds" and ac["over_seeds"]["undefined"] == "1 seed"
+    assert s["arms"]["c"]["over_seeds"]["undefined"] == "1 seed"   # one seed: no interval, and it says why
+    md = mod.markdown(s)
+    assert "| `a` − `b` |" in md and "n/a (1 seed)" in md and md.index("`sft`") < md.index("`a_seed0`")
+
+
+def test_a_question_no_episode_scored_is_left_out_of_both_sides(tmp_path):
+    mod = _module()
+    _write(tmp_path, "sft", {0: 0.0, 1: 0.0, 2: 1.0, 3: 0.5})
+    _write(tmp_path, "x_seed0", {0: 1.0, 1: math.nan, 2: 1.0, 3: 0.5})
+    s = mod.summarize(mod.load_scores(tmp_path), {})
+    row = s["models"]["x_seed0"]["minus_baseline"]
+    assert row["n"] == 3 and row["diff"] == pytest.approx(1 / 3)
+    assert s["arms"]["x"]["over_questions"]["n"] == 3
+
+
+def test_bad_input_gets_a_short_error(tmp_path):
+    mod = _module()
+    _write(tmp_path / "nosft", "a_seed0", {0: 1.0})
+    with pytest.raises(SystemExit, match="no sft.json"):
+        mod.summarize(mod.load_scores(tmp_path / "nosft"), {})
+    _write(tmp_path / "ok", "sft", {0: 1.0})
+    _write(tmp_path / "ok", "a_seed0", {0: 1.0})
+    with pytest.raises(SystemExit, match="--pair a zz: no re-scores of zz"):
+        mod.summarize(mod.load_scores(tmp_path / "ok"), {}, pairs=[("a", "zz")])
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "sft.json").write_text('{"metrics": {}}')
+    with pytest.raises(SystemExit, match="not an `agentgym eval --json` file"):
+        mod.load_scores(tmp_path / "bad")
+    r = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(tmp_path / "missing")], capture_output=True, text=True)
+    assert r.returncode == 2 and "no such folder" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_writes_markdown_and_json(tmp_path):
+    _write(tmp_path / "rescore", "sft", {0: 0.0, 1: 1.0})
+    _write(tmp_path / "rescore", "a_seed0", {0: 1.0, 1: 1.0})
+    out = tmp_path / "summary.json"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(tmp_path / "rescore"), "--json", str(out)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "| `a_seed0` | 1.000 | +0.500" in r.stdout
+    assert json.loads(out.read_text())["arms"]["a"]["success"] == 1.0
