@@ -8,6 +8,7 @@
 #   bash benchmarks/issue23_studies.sh search_r1_v2   # Search-R1 in a box v2 (~1-2 h an RL run, 9 RL runs)
 #   bash benchmarks/issue23_studies.sh searchqa       # SearchQA after SFT: 6 arms x 5 seeds (needs v2's SFT model)
 #   bash benchmarks/issue23_studies.sh report         # both comparisons' compare.md, v2's interim table and its re-scores' summary, from the runs finished so far
+#   bash benchmarks/issue23_studies.sh rescore        # v2's sampled re-scores still pending (search_r1_v2 runs them too)
 #   bash benchmarks/issue23_studies.sh save           # before a session ends: finished runs -> benchmarks/results/
 #
 # A new machine has no runs/ folder: the two Search-R1 studies then start from what `save` committed (v2:
@@ -22,7 +23,7 @@ ARMS="reinforce,ppo,grpo,grpo:group_scale=false:loss_agg=seq-mean-token-sum,rloo
 MATH=(--env Math-v0 --steps 30 groups_per_step=2 group_size=4 eval.episodes=64)   # finished (30 runs)
 SFT_MODEL="$RUNS/search_r1_v2/sft/model"
 V2=(--config benchmarks/search_r1/configs/smollm2_v2.yaml --sft-baselines --seeds 3 --eval-per-type 30)
-RAW=benchmarks/results
+RAW=${RAW:-benchmarks/results}   # where `save` commits finished runs, and where a new machine restores them from
 # The pilots (benchmarks/RESULTS.md, "Algorithm comparison with a negative control"): lr 5e-6 with 2 x 4 episodes
 # collapsed to "never search" through its steps without signal, learner.skip_no_signal=true prevented it, so
 # every arm gets the knob; at lr 1e-5, 20 steps x 2 x 5, greedy held-out success stayed 0.350 while the mean
@@ -34,6 +35,33 @@ SEARCHQA=(--config benchmarks/search_r1/configs/smollm2_v2.yaml --steps 20 "mode
 
 compare() { nice -n 10 agentgym --threads 1 compare --algos "$ARMS" "$@"; }
 
+# v2's sampled re-scores (rescore_sampled.sh): every finished RL run whose weights are still here and whose
+# re-score is not, and the SFT model's (what they pair with). The committed re-scores are taken over first,
+# so a new machine re-scores only what was never scored.
+rescore_pending() {
+  local dir="$RUNS/search_r1_v2" name
+  [ -f "$dir/progress.json" ] || return 0
+  mkdir -p "$dir/rescore"
+  if compgen -G "$RAW/search_r1_v2_runs/rescore/*.json" > /dev/null; then
+    cp -n "$RAW"/search_r1_v2_runs/rescore/*.json "$dir/rescore/"
+  fi
+  if [ ! -f "$dir/rescore/sft.json" ] && [ -d "$SFT_MODEL" ]; then
+    RUNS="$RUNS" bash benchmarks/search_r1/rescore_sampled.sh sft "$SFT_MODEL"
+  fi
+  for name in $(python - "$dir/progress.json" <<'PY'
+import json, sys
+records = json.load(open(sys.argv[1]))["records"]
+for arm in ("grpo_masked", "ppo_masked", "grpo_unmasked"):     # the RL arms, in the study's order
+    for seed in range(len(records.get(arm, []))):              # the seeds whose phase finished
+        print(f"{arm}_seed{seed}")
+PY
+  ); do
+    [ -f "$dir/rescore/$name.json" ] && continue
+    compgen -G "$dir/$name/checkpoints/step_*/model" > /dev/null || { echo "no weights of $name here: not re-scored"; continue; }
+    RUNS="$RUNS" bash benchmarks/search_r1/rescore_sampled.sh "$name" "$dir/$name"
+  done
+}
+
 case "${1:-}" in
   math)
     for s in 0 1 2 3 4; do   # seed by seed: every finished seed has every arm
@@ -43,8 +71,12 @@ case "${1:-}" in
     if [ ! -f "$RUNS/search_r1_v2/progress.json" ] && [ -f "$RAW/search_r1_v2_runs/heldout_records.json" ]; then
       python benchmarks/search_r1/restore_progress.py --runs-dir "$RUNS/search_r1_v2" -- "${V2[@]}"
     fi
+    rescore_pending   # what a stopped session left unscored, before hours of training
     nice -n 10 python benchmarks/search_r1/small_scale.py --threads 1 "${V2[@]}" \
-      --out "$RUNS/search_r1_v2/results" --runs-dir "$RUNS/search_r1_v2" --resume ;;
+      --out "$RUNS/search_r1_v2/results" --runs-dir "$RUNS/search_r1_v2" --resume
+    rescore_pending ;;
+  rescore)   # only v2's pending re-scores (also run by search_r1_v2 before and after its training)
+    rescore_pending ;;
   searchqa)
     if [ ! -d "$SFT_MODEL" ]; then
       echo "no SFT model at $SFT_MODEL: run '$0 search_r1_v2' first (its SFT phase writes it)" >&2; exit 2
@@ -81,6 +113,18 @@ case "${1:-}" in
     if [ -f "$RUNS/search_r1_v2/progress.json" ]; then
       python benchmarks/search_r1/restore_progress.py --runs-dir "$RUNS/search_r1_v2" --save
     fi
+    if compgen -G "$RUNS/search_r1_v2/rescore/*.json" > /dev/null; then   # without the trajectories (MBs each)
+      mkdir -p "$RAW/search_r1_v2_runs/rescore"
+      python - "$RUNS/search_r1_v2/rescore" "$RAW/search_r1_v2_runs/rescore" <<'PY'
+import json, pathlib, sys
+src, dst = map(pathlib.Path, sys.argv[1:])
+for f in sorted(src.glob("*.json")):
+    d = json.loads(f.read_text())
+    d.pop("trajectories", None)
+    (dst / f.name).write_text(json.dumps(d, indent=1))
+    print(f"saved {dst / f.name}")
+PY
+    fi
     for done_file in "$RUNS"/compare_issue23_searchqa/*/seed*/compare_run.json; do
       [ -f "$done_file" ] || continue
       run=$(dirname "$done_file"); dst="$RAW/compare_issue23_searchqa/${run#"$RUNS"/compare_issue23_searchqa/}"
@@ -88,5 +132,5 @@ case "${1:-}" in
       echo "saved $dst"
     done ;;
   *)
-    echo "usage: $0 math|search_r1_v2|searchqa|report|save" >&2; exit 2 ;;
+    echo "usage: $0 math|search_r1_v2|searchqa|rescore|report|save" >&2; exit 2 ;;
 esac

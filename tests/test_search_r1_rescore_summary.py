@@ -120,3 +120,42 @@ def test_cli_writes_markdown_and_json(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "| `a_seed0` | 1.000 | +0.500" in r.stdout
     assert json.loads(out.read_text())["arms"]["a"]["success"] == 1.0
+
+
+STUDIES = ROOT / "benchmarks" / "issue23_studies.sh"
+
+
+def _studies(*args: str, runs: Path, raw: Path) -> subprocess.CompletedProcess:
+    import os
+    env = {**os.environ, "RUNS": str(runs), "RAW": str(raw)}
+    return subprocess.run(["bash", str(STUDIES), *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+
+
+def test_studies_rescore_takes_over_committed_rescores_and_skips_runs_without_weights(tmp_path):
+    """`issue23_studies.sh rescore` on a machine that kept no weights: the committed re-scores are taken over,
+    an unscored run without weights is named and skipped; nothing is evaluated."""
+    raw, runs = tmp_path / "raw", tmp_path / "runs"
+    _write(raw / "search_r1_v2_runs" / "rescore", "sft", {0: 0.0, 1: 1.0})
+    _write(raw / "search_r1_v2_runs" / "rescore", "ppo_masked_seed0", {0: 1.0, 1: 1.0})
+    v2 = runs / "search_r1_v2"
+    v2.mkdir(parents=True)
+    row = {"task_index": 0, "type": "single_hop", "em": 1.0}
+    (v2 / "progress.json").write_text(json.dumps({"records": {"sft": [[row]], "ppo_masked": [[row]],
+                                                              "grpo_unmasked": [[row], [row]]}}))
+    (v2 / "grpo_unmasked_seed1" / "checkpoints").mkdir(parents=True)   # a run whose weights are gone
+    r = _studies("rescore", runs=runs, raw=raw)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (v2 / "rescore").iterdir()) == ["ppo_masked_seed0.json", "sft.json"]
+    assert "no weights of grpo_unmasked_seed0 here" in r.stdout and "no weights of grpo_unmasked_seed1 here" in r.stdout
+    assert "ppo_masked_seed0" not in r.stdout   # already scored: not named, not evaluated
+
+
+def test_studies_save_commits_rescores_without_their_trajectories(tmp_path):
+    raw, runs = tmp_path / "raw", tmp_path / "runs"
+    _write(runs / "search_r1_v2" / "rescore", "sft", {0: 1.0})
+    path = runs / "search_r1_v2" / "rescore" / "sft.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "trajectories": [{"big": "x" * 1000}]}))
+    r = _studies("save", runs=runs, raw=raw)
+    assert r.returncode == 0, r.stderr
+    saved = json.loads((raw / "search_r1_v2_runs" / "rescore" / "sft.json").read_text())
+    assert "trajectories" not in saved and saved["per_task"] == [{"task_index": 0, "episodes": 4, "scored": 4, "success": 1.0}]
