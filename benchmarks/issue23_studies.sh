@@ -74,6 +74,12 @@ case "${1:-}" in
     rescore_pending   # what a stopped session left unscored, before hours of training
     nice -n 10 python benchmarks/search_r1/small_scale.py --threads 1 "${V2[@]}" \
       --out "$RUNS/search_r1_v2/results" --runs-dir "$RUNS/search_r1_v2" --resume
+    rescore_pending
+    # GRPO masked seeds 0-2 ran before RL runs kept their final weights: trained again (same settings, their
+    # recorded results kept) so that they too can be re-scored by sampling
+    nice -n 10 python benchmarks/search_r1/small_scale.py --threads 1 "${V2[@]}" \
+      --out "$RUNS/search_r1_v2/results" --runs-dir "$RUNS/search_r1_v2" --resume \
+      --retrain grpo_masked_seed0,grpo_masked_seed1,grpo_masked_seed2
     rescore_pending ;;
   rescore)   # only v2's pending re-scores (also run by search_r1_v2 before and after its training)
     rescore_pending ;;

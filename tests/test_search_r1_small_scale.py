@@ -308,3 +308,35 @@ def test_resume_finds_the_sft_model_in_a_moved_study_folder(tmp_path):
     (runs / "sft" / "model").rmdir()           # gone altogether: the clear error as before
     with pytest.raises(ValueError, match="is gone"):
         mod.Progress(runs / "progress.json", fp).load()
+
+
+def test_retrain_brings_back_the_weights_of_a_finished_run(tmp_path, capsys):
+    """A finished RL run whose weights are gone (a new machine): --resume --retrain trains it again with its
+    settings into its folder, keeps the recorded eval, writes the new greedy eval beside it, and stops."""
+    import shutil
+    mod = _module()
+    study = ["--quick", "--model", "tiny-random", "--retriever", "bm25", "--threads", "1", "--eval-per-type", "1",
+             "--arms", "grpo_masked", "--n-boot", "200", "--out", str(tmp_path / "out"),
+             "--runs-dir", str(tmp_path / "runs")]
+    assert mod.main(study) == 0
+    progress = tmp_path / "runs" / "progress.json"
+    recorded = json.loads(progress.read_text())["records"]
+    run = tmp_path / "runs" / "grpo_masked_seed0"
+    shutil.rmtree(run / "checkpoints")
+    assert mod.main([*study, "--retrain", "grpo_masked_seed0"]) == 2   # without --resume: refused
+    assert "give it with --resume" in capsys.readouterr().err
+    assert mod.main([*study, "--resume", "--retrain", "grpo_masked_seed0"]) == 0
+    assert [p.relative_to(run).as_posix() for p in sorted(run.glob("checkpoints/*/*"))] == \
+        ["checkpoints/step_000001/history.json", "checkpoints/step_000001/model"]
+    again = json.loads((run / "retrained.json").read_text())
+    assert again["run"] == "grpo_masked_seed0" and again["questions"] == 3
+    assert 0 <= again["questions_differing"] <= 3 and again["recorded_em"] == \
+        sum(r["em"] for r in recorded["grpo_masked"][0]) / 3
+    assert json.loads(progress.read_text())["records"] == recorded   # the study's results are not replaced
+    capsys.readouterr()
+    assert mod.main([*study, "--resume", "--retrain", "grpo_masked_seed0"]) == 0   # done: not trained a third time
+    assert "done before" in capsys.readouterr().out
+    for bad, says in (("ppo_masked_seed0", "has not finished"), ("sft_seed0", "not an RL run name"),
+                      ("grpo_masked_seedX", "not an RL run name")):
+        assert mod.main([*study, "--resume", "--retrain", bad]) == 2
+        assert says in capsys.readouterr().err

@@ -101,6 +101,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep the RL runs' final checkpoints whole (default: only their weights, not the optimizer "
                         "state that resuming needs)")
+    p.add_argument("--retrain", default=None, metavar="RUN[,RUN...]",
+                   help="with --resume: train finished RL runs again (e.g. grpo_masked_seed0) into their folders with "
+                        "the same settings, for runs whose weights are gone and that a sampled re-score needs; the "
+                        "recorded results stay, the new greedy eval goes to RUN/retrained.json beside them; then stop")
     p.add_argument("--checkpoint-every", type=int, default=5, metavar="N",
                    help="RL runs checkpoint every N steps, so that --resume continues a run a killed session "
                         "stopped from its last checkpoint instead of from step 0 (0: no periodic checkpoint)")
@@ -543,7 +547,8 @@ def _same_fingerprint(recorded: dict[str, Any], current: dict[str, Any]) -> bool
 
 #: flags that do not shape the study: where the outputs go (a relative or absolute name of the same folder,
 #: or a moved one), threads, bootstrap resamples, checkpoint keeping; override is in the config
-_FREE = {"out", "runs_dir", "resume", "replot", "report_only", "threads", "keep_checkpoints", "checkpoint_every", "n_boot", "override"}
+_FREE = {"out", "runs_dir", "resume", "replot", "report_only", "threads", "keep_checkpoints", "checkpoint_every", "n_boot", "override",
+         "retrain"}
 
 
 def fingerprint(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
@@ -568,6 +573,10 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir = Path(args.runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
     progress = Progress(runs_dir / "progress.json", fingerprint(args, cfg))
+    if args.retrain and not args.resume:
+        print("error: --retrain trains finished runs of a study again: give it with --resume and the study's flags",
+              file=sys.stderr)
+        return 2
     if args.report_only:
         return report_only(args, argv, cfg, progress)
     if args.resume:
@@ -648,6 +657,8 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
         progress.save()
     if args.sft_baselines:
         baselines(policy, ("none_sft", "rag_sft"))
+    if args.retrain:
+        return retrain(args, cfg, records, policy, sft_state, runs_dir, timed_eval)
 
     # RL arms from the SFT weights
     for key, algo, mask in arms:
@@ -672,6 +683,49 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
             progress.save()
 
     return write_report(args, argv, cfg, progress, load_start)
+
+
+def retrain(args: argparse.Namespace, cfg: Any, records: dict[str, list], policy: Any, sft_state: dict,
+            runs_dir: Path, timed_eval: Any) -> int:
+    """``--retrain``: each named finished RL run trained again from the SFT weights with its own settings (arm,
+    seed, config), into its folder, so that its final weights exist; its recorded eval is not replaced. The
+    new run's greedy eval is written to ``RUN/retrained.json`` with how many questions it scores otherwise
+    than the record (CPUs differ in float order, so a run is the same study, not the same bits)."""
+    arms = {key: (algo, mask) for key, algo, mask in RL_ARMS}
+    for name in (n.strip() for n in args.retrain.split(",") if n.strip()):
+        key, _, seed_text = name.rpartition("_seed")
+        if key not in arms or not seed_text.isdigit():
+            print(f"error: --retrain {name}: not an RL run name (ARM_seedN, ARM one of {', '.join(arms)})", file=sys.stderr)
+            return 2
+        seed = int(seed_text)
+        if seed >= len(records.get(key, [])):
+            print(f"error: --retrain {name}: that run has not finished in this study; run the study with --resume "
+                  "instead", file=sys.stderr)
+            return 2
+        out_dir = runs_dir / name
+        if (out_dir / "retrained.json").is_file():
+            log(f"--retrain {name}: done before ({out_dir / 'retrained.json'})")
+            continue
+        if (out_dir / "checkpoints" / f"step_{cfg.steps:06d}" / "model").is_dir():
+            log(f"--retrain {name}: its final weights are here ({out_dir}/checkpoints): nothing to train again")
+            continue
+        algo, mask = arms[key]
+        log(f"RL {name} again: {algo}, mask_env_tokens={mask}, {cfg.steps} steps (--retrain)")
+        policy.model.load_state_dict(sft_state)
+        t0 = time.perf_counter()
+        run_rl(policy, cfg, algo, mask, seed, out_dir, args.keep_checkpoints,
+               checkpoint_every=args.checkpoint_every, resume=args.resume)
+        train_s = time.perf_counter() - t0
+        recs = timed_eval(policy, f"{name}_retrained", "agentic")
+        recorded = records[key][seed]
+        by_task = {r["task_index"]: r["em"] for r in recorded}
+        differ = sum(r["em"] != by_task.get(r["task_index"]) for r in recs)
+        em, em_recorded = (sum(r["em"] for r in rs) / len(rs) for rs in (recs, recorded))
+        (out_dir / "retrained.json").write_text(json.dumps(
+            {"run": name, "em": em, "recorded_em": em_recorded, "questions_differing": differ,
+             "questions": len(recs), "train_s": train_s, "records": recs}, indent=1))
+        log(f"  {name} again: EM {em:.3f} (recorded {em_recorded:.3f}); {differ} of {len(recs)} questions differ")
+    return 0
 
 
 def report_only(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progress: Progress) -> int:
