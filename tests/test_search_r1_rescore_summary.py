@@ -122,6 +122,15 @@ def test_cli_writes_markdown_and_json(tmp_path):
     assert json.loads(out.read_text())["arms"]["a"]["success"] == 1.0
 
 
+def test_cli_finds_the_committed_records_beside_the_committed_rescores():
+    """The committed folder holds heldout_records.json, not progress.json: the per-type column is filled."""
+    r = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(RAW / "rescore")], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    sft_row = next(line for line in r.stdout.splitlines() if line.startswith("| `sft` |"))
+    assert "n/a" not in sft_row and sft_row.count(" / ") == 2
+
+
 STUDIES = ROOT / "benchmarks" / "issue23_studies.sh"
 
 

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default="runs/search_r1_v2/rescore", help="the folder rescore_sampled.sh wrote (default %(default)s)")
     p.add_argument("--records", default=None,
                    help="the study's progress.json or heldout_records.json, for each question's type "
-                        "(default: runs/search_r1_v2/progress.json next to --dir, if it exists)")
+                        "(default: whichever of the two lies beside --dir)")
     p.add_argument("--baseline", default="sft", help="the model every arm is read against (default %(default)s)")
     p.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"),
                    help="also report arm A − arm B (repeatable)")
@@ -197,9 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.dir)
     if not folder.is_dir():
         p.error(f"--dir {folder}: no such folder (run rescore_sampled.sh first)")
-    records = Path(args.records) if args.records else folder.parent / "progress.json"
-    if args.records and not records.is_file():
-        p.error(f"--records {records}: no such file")
+    if args.records:
+        records = Path(args.records)
+        if not records.is_file():
+            p.error(f"--records {records}: no such file")
+    else:   # the study's runs folder, or the committed copy of its records
+        records = next((f for f in (folder.parent / "progress.json", folder.parent / "heldout_records.json")
+                        if f.is_file()), folder.parent / "progress.json")
     scores = load_scores(folder)
     summary = summarize(scores, load_types(records if records.is_file() else None), args.baseline,
                         [tuple(x) for x in args.pair])
