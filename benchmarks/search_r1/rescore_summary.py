@@ -94,6 +94,11 @@ def _mean(values: Sequence[float]) -> float:
     return float(a.mean()) if a.size else math.nan
 
 
+def _by_type(tasks: Sequence[int], values: Sequence[float], types: Mapping[int, str]) -> dict[str, float]:
+    """The mean of ``values`` (one per task) within each question type; empty without types."""
+    return {t: _mean([v for k, v in zip(tasks, values) if types.get(k) == t]) for t in TYPES} if types else {}
+
+
 def _interval(ci: tuple[float, float, float], n: int, unit: str) -> dict[str, Any]:
     why = undefined_reason(ci, n, unit)
     return {"diff": ci[0], "low": None if why else ci[1], "high": None if why else ci[2], "n": n, "undefined": why}
@@ -110,43 +115,35 @@ def summarize(scores: Mapping[str, Mapping[str, Any]], types: Mapping[int, str],
     models = {}
     for name, s in sorted(scores.items(), key=lambda kv: (kv[0] != baseline, kv[0])):   # the baseline first
         mine = _on(tasks, s["per_task"])
-        by_type = {t: _mean([v for k, v in zip(tasks, mine) if types.get(k) == t]) for t in TYPES} if types else {}
-        row = {"success": _mean(mine), "by_type": by_type, "pass": s["pass"]}
+        row = {"success": _mean(mine), "by_type": _by_type(tasks, mine, types), "pass": s["pass"]}
         if name != baseline:
             row["minus_baseline"] = _interval(paired_bootstrap_ci(mine, base), paired_count(mine, base), "question")
         models[name] = row
-    arms = {}
+    arms, per_question = {}, {}   # per_question: each arm's success per question, averaged over its seeds
     grouped = arms_of([n for n in scores if n != baseline])
     for arm, seeds in sorted(grouped.items()):
         stems = [seeds[k] for k in sorted(seeds)]
-        avg = _seed_mean(stems, scores, tasks)
+        avg = per_question[arm] = _seed_mean(stems, scores, tasks)
         per_seed = [models[s]["minus_baseline"]["diff"] for s in stems]
         arms[arm] = {"seeds": sorted(seeds), "success": _mean(avg),
                      "over_questions": _interval(paired_bootstrap_ci(avg, base), paired_count(avg, base), "question"),
                      "over_seeds": _interval(mean_ci(per_seed), len(per_seed), "seed"),
-                     "by_type": ({t: _mean([v for k, v in zip(tasks, avg) if types.get(k) == t]) for t in TYPES}
-                                 if types else {})}
+                     "by_type": _by_type(tasks, avg, types)}
     compared = []
     for a, b in pairs:
         missing = [x for x in (a, b) if x not in grouped]
         if missing:
             raise SystemExit(f"--pair {a} {b}: no re-scores of {', '.join(missing)} (arms: {', '.join(sorted(grouped))})")
         sa, sb = grouped[a], grouped[b]
-        xa = _seed_mean([sa[k] for k in sorted(sa)], scores, tasks)
-        xb = _seed_mean([sb[k] for k in sorted(sb)], scores, tasks)
+        xa, xb = per_question[a], per_question[b]
         shared = sorted(set(sa) & set(sb))
-        if len(shared) >= 2:   # same seed number: same SFT start and training seed, so pair by seed
-            da = [models[sa[k]]["success"] for k in shared]
-            db = [models[sb[k]]["success"] for k in shared]
-            seeds_ci, how = paired_diff_ci(da, db), f"paired over {len(shared)} shared seeds"
-            n_seeds = len(shared)
-        else:
-            da = [models[sa[k]]["success"] for k in sorted(sa)]
-            db = [models[sb[k]]["success"] for k in sorted(sb)]
-            seeds_ci, how = diff_ci(da, db), "Welch, all seeds"
-            n_seeds = min(len(da), len(db))
+        paired = len(shared) >= 2   # same seed number: same SFT start and training seed, so pair by seed
+        da = [models[sa[k]]["success"] for k in (shared if paired else sorted(sa))]
+        db = [models[sb[k]]["success"] for k in (shared if paired else sorted(sb))]
+        seeds_ci, how = ((paired_diff_ci(da, db), f"paired over {len(shared)} shared seeds") if paired
+                         else (diff_ci(da, db), "Welch, all seeds"))
         compared.append({"a": a, "b": b, "over_questions": _interval(paired_bootstrap_ci(xa, xb), paired_count(xa, xb), "question"),
-                         "over_seeds": {**_interval(seeds_ci, n_seeds, "seed"), "how": how}})
+                         "over_seeds": {**_interval(seeds_ci, min(len(da), len(db)), "seed"), "how": how}})
     return {"baseline": baseline, "questions": len(tasks), "models": models, "arms": arms, "pairs": compared}
 
 
@@ -201,12 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         records = Path(args.records)
         if not records.is_file():
             p.error(f"--records {records}: no such file")
-    else:   # the study's runs folder, or the committed copy of its records
+    else:   # the study's runs folder, or the committed copy of its records; neither: no per-type column
         records = next((f for f in (folder.parent / "progress.json", folder.parent / "heldout_records.json")
-                        if f.is_file()), folder.parent / "progress.json")
+                        if f.is_file()), None)
     scores = load_scores(folder)
-    summary = summarize(scores, load_types(records if records.is_file() else None), args.baseline,
-                        [tuple(x) for x in args.pair])
+    summary = summarize(scores, load_types(records), args.baseline, [tuple(x) for x in args.pair])
     sys.stdout.write(markdown(summary))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
