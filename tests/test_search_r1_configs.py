@@ -173,13 +173,12 @@ def test_train_config_dtype(tmp_path):
 def test_evaluate_reports_em_per_dataset(tmp_path, capsys):
     """benchmarks/search_r1/evaluate.py end to end with the env's scripted oracle (searches, then answers
     gold) and an in-process dense index: every dataset's EM is 1, the average is over datasets."""
-    import importlib.util
     import json
 
+    from helpers_scripts import load_script
+
     from agentgym.envs.searchqa.data import save_corpus_jsonl
-    spec = importlib.util.spec_from_file_location("sr1_evaluate", CONFIGS.parent / "evaluate.py")
-    evaluate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(evaluate)
+    evaluate = load_script(CONFIGS.parent / "evaluate.py", "sr1_evaluate")
     corpus, train, _ = bundled_dataset(0, "small")
     rows = (to_search_r1_rows(train[:3], "nq", "test", make_search_r1_prompt)
             + to_search_r1_rows(train[3:8], "hotpotqa", "test", make_search_r1_prompt))

@@ -15,7 +15,6 @@ written from the rules, independently of the env's code.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
+from helpers_scripts import load_script
 
 from agentgym.envs.retrieval import BackgroundServer, create_app, get_retriever
 from agentgym.envs.retrieval.dense import default_model_path
@@ -167,10 +167,7 @@ def test_agentgym_rows_and_the_bundled_world_keep_the_built_template(files, dens
 
 
 def _load_evaluate():
-    spec = importlib.util.spec_from_file_location("sr1_evaluate_issue26", EVALUATE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EVALUATE, "sr1_evaluate_issue26")
 
 
 def test_evaluate_runs_search_r1_made_parquets(files, tmp_path):

@@ -6,7 +6,6 @@ small files written here for the cases those do not have (seeds an arm lacks, un
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers_scripts import load_script
 
 from agentgym.app.stats import paired_bootstrap_ci, t_quantile
 
@@ -24,10 +24,7 @@ RAW = ROOT / "benchmarks" / "results" / "search_r1_v2_runs"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("rescore_summary", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def _write(folder: Path, name: str, successes: dict[int, float]) -> None:

@@ -7,12 +7,12 @@ over, the SFT model is trained again and measured against the saved one.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from helpers_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "benchmarks" / "search_r1"
@@ -20,10 +20,7 @@ HERE = ROOT / "benchmarks" / "search_r1"
 
 def _load(name: str):
     sys.path.insert(0, str(HERE))
-    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(HERE / f"{name}.py")
 
 
 STUDY = ["--quick", "--model", "tiny-random", "--retriever", "bm25", "--threads", "1", "--eval-per-type", "1",

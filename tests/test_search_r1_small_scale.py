@@ -9,22 +9,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
+from helpers_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "search_r1" / "small_scale.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("search_r1_small_scale", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "search_r1_small_scale")
 
 
 def _check_outputs(out: Path, arms: list[str], questions: int) -> dict:
