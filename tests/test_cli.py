@@ -225,3 +225,63 @@ def test_every_option_of_every_command_has_help():
 
     walk(build_parser(), "agentgym")
     assert missing == []
+
+
+# --- `--KEY VALUE` as a config override (as HF-style command lines take them) ---
+
+def test_unknown_options_become_overrides_only_after_the_subcommand():
+    from agentgym.app.cli import flags_as_overrides
+
+    argv = ["--threads", "1", "train", "--steps", "5", "--learner.lr=1e-5", "--max-staleness", "-1",
+            "--learner.skip-no-signal", "seed=3", "--fsdp", "--config", "c.yaml"]
+    unknown = ["--steps", "--learner.lr=1e-5", "--max-staleness", "--learner.skip-no-signal", "--fsdp"]
+    assert flags_as_overrides(argv, unknown, "train") == [
+        "--threads", "1", "train", "steps=5", "learner.lr=1e-5", "max_staleness=-1", "learner.skip_no_signal=true",
+        "seed=3", "fsdp=true", "--config", "c.yaml"]
+    # a KEY=VALUE after a bare option is not its value; nothing after `--` is rewritten
+    assert flags_as_overrides(["train", "--fsdp", "steps=2", "--", "--x"], ["--fsdp", "--x"], "train") == [
+        "train", "fsdp=true", "steps=2", "--", "--x"]
+
+
+def test_an_option_is_never_an_abbreviation_of_another():
+    from agentgym.app.cli import build_parser, parse_command_line
+
+    args, extra = parse_command_line(build_parser(), ["compare", "--seed", "3", "--algos", "grpo"])
+    assert (args.seeds, args.overrides, extra) == ("2", ["seed=3"], [])    # the config's seed, not --seeds 3
+    args, _ = parse_command_line(build_parser(), ["train", "--over"])
+    assert args.overwrite is False and args.overrides == ["over=true"]     # then: unknown config key over
+
+
+def test_train_takes_config_keys_as_options(tmp_path):
+    import yaml
+
+    from agentgym.app.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--model", "tiny-random", "--algo=grpo", "--steps", "1", "--groups-per-step", "1", "--group-size=2",
+            "--learner.lr", "3e-6", "sampling.max_new_tokens=4", "eval.episodes=1", "--tensorboard", "false",
+            "env=Arithmetic-v0", "env_kwargs={hard_fraction: 0.0, max_turns: 1}", "--output-dir", str(out),
+            "--threads", "1"]
+    assert main(argv) == 0
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert (cfg["steps"], cfg["groups_per_step"], cfg["group_size"], cfg["learner"]["lr"]) == (1, 1, 2, 3e-6)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--steps", "abc"], "steps: expected int, got str ('abc')"),
+    (["train", "--steps", "-1"], "steps must be >= 1, got -1"),
+    (["train", "--learner.lr=foo"], "learner.lr: expected float"),
+    (["train", "--stepz", "3"], "unknown config key(s) stepz"),
+    (["compare", "--algos", "grpo", "--seeds", "1", "--learner.lr", "foo"], "learner.lr: expected float"),
+    (["eval", "Arithmetic-v0", "--groupsize", "3"], "unknown config key(s) groupsize"),
+])
+def test_a_bad_config_option_is_a_one_line_usage_error(argv, message):
+    r = run_cli(*argv, timeout=300)
+    err = r.stderr.strip()
+    assert r.returncode == 2 and "Traceback" not in err and len(err.splitlines()) == 1, (r.returncode, err)
+    assert message in err
+
+
+def test_an_unknown_option_of_a_command_without_overrides_says_so():
+    r = run_cli("list", "--bogus")
+    assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr and "Traceback" not in r.stderr

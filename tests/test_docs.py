@@ -186,11 +186,11 @@ def bash_agentgym_commands() -> list[tuple[str, list[str]]]:
 
 def check_command(argv: list[str]) -> str | None:
     """None when ``agentgym ARGV`` parses as the CLI would take it, else why not."""
-    from agentgym.app.cli import build_parser
+    from agentgym.app.cli import build_parser, parse_command_line
     from agentgym.config import load_config
     parser = build_parser()
     try:
-        args, extra = parser.parse_known_args(argv)
+        args, extra = parse_command_line(parser, list(argv))
     except SystemExit:
         return "does not parse (unknown subcommand, or a flag without its value)"
     extra = [x for x in extra if x not in ("...", "…")]
@@ -232,6 +232,8 @@ def test_command_check_can_fail():
     assert check_command(["trian"]) is not None
     assert check_command(["sft", "--resume"]) is not None              # sft has no --resume
     assert "config" in check_command(["train", "learner.no_such_key=1"])
+    assert check_command(["train", "--steps", "3", "--learner.lr=1e-6"]) is None   # options as overrides
+    assert "config" in check_command(["train", "--learner.no-such-key", "1"])
 
 
 # --------------------------------------------------------------------------- links resolve

@@ -7,14 +7,16 @@ mistakes into one-line errors. The torch thread count every run uses is chosen h
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import sys
 from typing import Sequence
 
 from agentgym.app.commands import cmd_sandbox
 from agentgym.app.parser import build_parser
 
-__all__ = ["main", "build_parser", "choose_threads"]
+__all__ = ["main", "build_parser", "choose_threads", "flags_as_overrides", "parse_command_line"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,9 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     130 interrupted)."""
     import gymnasium as gym
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args, extra = parser.parse_known_args(argv)
-    args.argv = argv
+    args, extra = parse_command_line(parser, list(sys.argv[1:] if argv is None else argv))
     # argparse stops filling a positional list at the first flag: `eval ENV --greedy episodes=8`
     # leaves `episodes=8` over; KEY=VALUE leftovers of a command that takes overrides join them.
     if getattr(args, "func", None) is cmd_sandbox:  # the sandbox package parses its own arguments
@@ -32,7 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
         args.overrides = list(args.overrides or []) + extra
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        hint = (f" (config keys are set as KEY=VALUE or --KEY VALUE; `agentgym config {args.command}` lists them)"
+                if hasattr(args, "overrides") else "")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     try:
         _load_plugins(args.imports)
     except ImportError as e:
@@ -54,6 +56,51 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"error: {type(e).__name__}: {e} (AGENTGYM_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """``argv`` parsed, and what the parser left over. For a command that takes config overrides, options
+    it does not know are overrides (:func:`flags_as_overrides`): ``train --steps 5 --learner.lr=1e-5`` is
+    ``train steps=5 learner.lr=1e-5``, as HF-style command lines take them. ``args.argv`` is the command
+    as read (what a run's ``--resume`` hint repeats)."""
+    args, extra = parser.parse_known_args(argv)
+    if hasattr(args, "overrides") and any(x.startswith("--") for x in extra):
+        argv = flags_as_overrides(argv, extra, args.command)
+        args, extra = parser.parse_known_args(argv)
+    args.argv = argv
+    return args, extra
+
+
+_KEY_VALUE = re.compile(r"^[A-Za-z_][\w.-]*=")
+
+
+def flags_as_overrides(argv: Sequence[str], unknown: Sequence[str], command: str) -> list[str]:
+    """``argv`` with each option the parser did not know, after the subcommand ``command``, written as a
+    config override: ``--steps 5`` and ``--steps=5`` become ``steps=5``, ``--max-staleness 1`` becomes
+    ``max_staleness=1``, and a bare ``--learner.skip-no-signal`` (no value follows) becomes ``...=true``.
+    The config then checks the key and the value as it does for ``KEY=VALUE``. A following token is taken
+    as the value unless it is an option (``--...``) or a ``KEY=VALUE`` itself; ``-1`` is a value."""
+    flags = {x for x in unknown if x.startswith("--") and len(x) > 2}
+    start = argv.index(command) + 1 if command in argv else len(argv)
+    out, i = list(argv[:start]), start
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if token == "--":  # everything after it is positional
+            out += argv[i - 1:]
+            break
+        if token not in flags:
+            out.append(token)
+            continue
+        key, eq, value = token[2:].partition("=")
+        if not eq:
+            nxt = argv[i] if i < len(argv) else None
+            if nxt is None or nxt.startswith("--") or _KEY_VALUE.match(nxt):
+                value = "true"
+            else:
+                value, i = nxt, i + 1
+        out.append(f"{key.replace('-', '_')}={value}")
+    return out
 
 
 def _load_plugins(modules: Sequence[str] | None) -> None:

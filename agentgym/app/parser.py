@@ -29,8 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for add in SUBCOMMANDS:
         add(sub)
-    # --threads works after the sub-command too (`agentgym train --threads 1`), as users type it
+    # --threads works after the sub-command too (`agentgym train --threads 1`), as users type it. No
+    # abbreviations after it: an option a command does not know is a config override there (`compare --seed 3`
+    # is seed=3, not --seeds 3)
     for name, sp in sub.choices.items():
+        sp.allow_abbrev = False
         if name in THREADED:
             sp.add_argument("--threads", type=int, default=argparse.SUPPRESS, metavar="N",
                             help="torch CPU threads (default: cores not already busy, re-checked during the run)")
@@ -202,7 +205,8 @@ def _add_run_arguments(p: Any, config: str, example: str, resume: bool = False) 
     if resume:
         p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in output_dir")
     p.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir and start afresh")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=example)
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help=f"{example}; also as options: --KEY VALUE or --KEY=VALUE (- or _)")
 
 
 def add_compare(sub: Any) -> None:
