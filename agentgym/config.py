@@ -247,6 +247,10 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
             loaded = yaml.safe_load(Path(path).read_text()) or {}
         except FileNotFoundError:
             raise ConfigError(f"config file {path} not found") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {path} is a directory; give a YAML file") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not text (YAML expected)") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
         if not isinstance(loaded, dict):
@@ -264,7 +268,10 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
 def _canonical_override(cls: Any, override: str) -> str:
     key, sep, raw = override.partition("=")
     if not sep:
-        raise ConfigError(f"override {override!r} is not key=value")
+        hint = f" (a config file? --config {override})" if override.endswith((".yaml", ".yml", ".json")) else ""
+        raise ConfigError(f"override {override!r} is not key=value{hint}")
+    if not key.strip():
+        raise ConfigError(f"override {override!r} has no key before '='")
     return f"{canonical_key(cls, key.strip())}={raw}"
 
 

@@ -118,7 +118,15 @@ def load_trained_policy(spec: str, *, device: str | None = None, dtype: Any = No
             raise FileNotFoundError(f"{p} holds no model (no config.json, no model/ folder, no checkpoints/); "
                                     "did the run that writes it finish?")
         return TransformersPolicy.from_pretrained(str(model_dir), device=device, dtype=dtype, **options)
-    return TransformersPolicy.from_pretrained(spec, device=device, dtype=dtype, **options)
+    try:
+        return TransformersPolicy.from_pretrained(spec, device=device, dtype=dtype, **options)
+    except OSError as e:
+        if p.exists() or isinstance(e, FileNotFoundError):
+            raise
+        # a hub id (org/name) that is not a local path either: most often a mistyped run or model directory
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FileNotFoundError(f"model {spec!r}: no local directory of that name, and the Hugging Face Hub did "
+                                f"not give it ({reason})") from None
 
 
 def _merged_adapter(adapter_dir: Path, base: str, base_seed: int, name: str, device: str | None, dtype: Any,

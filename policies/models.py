@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +60,8 @@ def resolve_model(name: str) -> ModelSource:
         return ModelSource(name, str(p.parent), p.name)
     if p.is_dir():
         return ModelSource(name, str(p))
-    if name.count("/") == 1 and not p.exists():
-        return ModelSource(name, name)  # hub id
+    if re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name) and not p.exists():
+        return ModelSource(name, name)  # hub id (org/name; a path that starts with / . or ~ is not one)
     raise FileNotFoundError(f"model {name!r} is neither a short name ({', '.join(_SHORT_NAMES)}), a .gguf file, "
                             "a local directory nor a hub id (org/name)")
 

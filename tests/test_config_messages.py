@@ -74,3 +74,40 @@ def test_cli_prints_the_path_without_a_stray_dot():
                        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert r.returncode != 0
     assert "rollout.sampling: top_p must be in (0, 1], got 7.0" in r.stderr and ".:" not in r.stderr, r.stderr
+
+
+def test_a_config_path_that_is_a_directory_or_not_text_is_a_config_error(tmp_path):
+    from agentgym.algorithms.trainer import TrainConfig
+    with pytest.raises(ConfigError, match="is a directory; give a YAML file"):
+        load_config(TrainConfig, tmp_path)
+    (tmp_path / "weights.yaml").write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ConfigError, match="is not text"):
+        load_config(TrainConfig, tmp_path / "weights.yaml")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("my_run.yaml", "override 'my_run.yaml' is not key=value (a config file? --config my_run.yaml)"),
+    ("steps", "override 'steps' is not key=value"),
+    ("=3", "override '=3' has no key before '='"),
+])
+def test_an_override_that_is_not_one_says_what_it_is(override, message):
+    from agentgym.algorithms.trainer import TrainConfig
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, None, [override])
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("spec", ["/no/such/model", "./no_such_dir/x", "no_such_org/no_such_model"])
+def test_a_model_that_is_neither_a_path_nor_on_the_hub_is_a_one_line_usage_error(spec):
+    """A path that starts with / or . is never taken for a hub id; an org/name that is neither a local
+    directory nor reachable on the Hub says both (HF_HUB_OFFLINE: nothing is fetched)."""
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", "eval", "Arithmetic-v0", "--policy", spec,
+                        "--episodes", "1", "--threads", "1"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdin=subprocess.DEVNULL)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-800:]
+    assert last.startswith("error: ConfigError: policy: model ") and spec in last
+    if spec.startswith(("/", ".")):
+        assert "nor a hub id" in last
+    else:
+        assert "no local directory of that name, and the Hugging Face Hub did not give it" in last
