@@ -252,7 +252,10 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
         except UnicodeDecodeError:
             raise ConfigError(f"config file {path} is not text (YAML expected)") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+            what = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"config file {path} is not valid YAML{where}: {what}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
     loaded = _canonicalize(cls, loaded)

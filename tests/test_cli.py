@@ -285,3 +285,18 @@ def test_a_bad_config_option_is_a_one_line_usage_error(argv, message):
 def test_an_unknown_option_of_a_command_without_overrides_says_so():
     r = run_cli("list", "--bogus")
     assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_eval_makes_the_folder_of_its_json_and_says_a_bad_output_path_before_it_runs(tmp_path):
+    out = tmp_path / "new" / "sub" / "eval.json"
+    r = run_cli("eval", "Arithmetic-v0", "--policy", "oracle", "--episodes", "1", "--json", str(out), "--threads", "1")
+    assert r.returncode == 0, r.stderr[-800:]
+    assert json.loads(out.read_text())["env"] == "agentgym/Arithmetic-v0"
+    r = run_cli("eval", "Arithmetic-v0", "--policy", "oracle", "--episodes", "1", "--json", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.strip() == f"error: ConfigError: json: {tmp_path} is a directory; give a file name"
+    assert "eval agentgym" not in r.stderr      # said before any episode ran
+
+
+def test_check_refuses_a_negative_action_count():
+    r = run_cli("check", "Arithmetic-v0", "--actions", "-5")
+    assert r.returncode == 2 and r.stderr.strip() == "error: ConfigError: --actions must be >= 0, got -5"

@@ -111,3 +111,13 @@ def test_a_model_that_is_neither_a_path_nor_on_the_hub_is_a_one_line_usage_error
         assert "nor a hub id" in last
     else:
         assert "no local directory of that name, and the Hugging Face Hub did not give it" in last
+
+
+def test_invalid_yaml_is_one_line_with_where(tmp_path):
+    from agentgym.algorithms.trainer import TrainConfig
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: 3\nlearner: {lr: [1e-5\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, bad)
+    msg = str(e.value)
+    assert msg.startswith(f"config file {bad} is not valid YAML (line ") and "\n" not in msg

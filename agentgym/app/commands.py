@@ -89,7 +89,10 @@ def cmd_play(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     import agentgym  # noqa: F401  (registers the built-ins)
     from agentgym.app.checking import fuzz_env, run_check_env
+    from agentgym.config import ConfigError
     env_id = require_env(args.env_id)
+    if args.actions < 0:
+        raise ConfigError(f"--actions must be >= 0, got {args.actions}")
     kwargs = parse_kv(args.env_kwarg)
     err = run_check_env(env_id, kwargs)
     print(f"check_env: {'passed' if err is None else 'FAILED'}")
@@ -212,6 +215,24 @@ def _paired_line(p: dict[str, Any], path: str, head: dict[str, Any]) -> str:
             f"{p['tasks_down']:.0f} down; {reading}")
 
 
+def _prepare_outputs(cfg: Any) -> None:
+    """The folders of ``--json`` / ``--html``, made before the eval: a path that cannot be written is said at
+    once, not after the episodes ran."""
+    from pathlib import Path
+
+    from agentgym.config import ConfigError
+    for name in ("json", "html"):
+        path = getattr(cfg, name)
+        if not path:
+            continue
+        if Path(path).is_dir():
+            raise ConfigError(f"{name}: {path} is a directory; give a file name")
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{name}: cannot make the folder of {path} ({e.strerror or e})") from None
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -221,6 +242,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _eval_config(args)
     env_id = require_env(cfg.env)
     baseline = _eval_baseline(cfg, env_id)  # before the eval: a wrong file is said at once, not after it
+    _prepare_outputs(cfg)
     set_threads(getattr(args, "threads", None), verbose=True)
     policy = load_policy(cfg.policy, env_id, device=cfg.device, backend=cfg.backend)
     with tqdm(total=cfg.episodes * cfg.group_size, desc=f"eval {env_id}", unit="ep") as bar:
