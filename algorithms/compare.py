@@ -232,6 +232,8 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
     if report_only:
         if overwrite:
             raise CompareError("--report-only and --overwrite exclude each other: the report reads the finished runs")
+        if not out.is_dir():
+            raise CompareError(f"--report-only: {out} is not a folder; give the --out of a comparison that ran")
         records, seeds = _finished_runs(configs, variants, log)
     else:
         if not resume:
@@ -311,8 +313,9 @@ def _finished_runs(configs: Sequence[tuple[Variant, TrainConfig]], variants: Seq
     complete = [s for s in seeds if all(found[(v.label, s)] is not None for v in variants)]
     missing = [f"{label} seed {seed}" for (label, seed), rec in found.items() if rec is None]
     if not complete:
-        raise CompareError(f"--report-only: no seed has a finished run of every variant in {configs[0][1].output_dir}"
-                           f"/..; not finished: {', '.join(missing)}")
+        where = Path(configs[0][1].output_dir).parent.parent
+        raise CompareError(f"--report-only: no seed has a finished run of every variant in {where}; "
+                           f"not finished: {', '.join(missing)}")
     if missing:
         log(f"[compare] --report-only: not finished, left out: {', '.join(missing)}; the report covers seeds {complete}")
     return [rec for (_, seed), rec in found.items() if seed in complete and rec is not None], complete

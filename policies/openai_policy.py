@@ -85,6 +85,9 @@ class OpenAIChatPolicy(ChatBackend):
                  structured_tool_history: bool = True):
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if not re.match(r"https?://[^/\s]+", base_url or ""):
+            raise ValueError(f"base_url must start with http:// or https:// and a host, got {base_url!r} "
+                             "(e.g. http://127.0.0.1:8000/v1)")
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if timeout_s <= 0:

@@ -320,10 +320,16 @@ def test_report_only_reports_the_finished_seeds_and_trains_nothing(tmp_path, cap
     report = json.loads((out / "compare.json").read_text())
     assert report["seeds"] == [0] and report["summary"]["grpo"]["per_seed"] == first["summary"]["grpo"]["per_seed"]
     empty = tmp_path / "empty"
-    assert main(["compare", "--env", "Arithmetic-v0", "--algos", "grpo", "--steps", "1", "--seeds", "1",
-                 "--out", str(empty), "--report-only", *TINY]) == 2
+    report_only = ["compare", "--env", "Arithmetic-v0", "--algos", "grpo", "--steps", "1", "--seeds", "1",
+                   "--out", str(empty), "--report-only", *TINY]
+    assert main(report_only) == 2      # no such folder
     err = capsys.readouterr().err
-    assert "--report-only: no seed has a finished run of every variant" in err and "Traceback" not in err
+    assert f"--report-only: {empty} is not a folder" in err and "Traceback" not in err
+    empty.mkdir()
+    assert main(report_only) == 2
+    err = capsys.readouterr().err
+    assert f"--report-only: no seed has a finished run of every variant in {empty}; not finished: grpo seed 0" in err
+    assert "Traceback" not in err
 
 
 def test_finished_runs_are_reused_wherever_the_study_folder_is_named_or_moved(tmp_path, capsys, monkeypatch):

@@ -296,3 +296,11 @@ def test_rollout_engine_end_to_end_on_arithmetic(server, make_policy):
     assert len(reqs) == sum(t.num_turns for t in batch.trajectories)
     assert all(r["body"]["stop"] == ["</tool_call>", "</answer>"] for r in reqs)
     assert all(r["body"]["tools"][0]["function"]["name"] == "calculator" for r in reqs)
+
+
+@pytest.mark.parametrize("url", ["notaurl", "127.0.0.1:8000/v1", "ftp://host/v1", "http://", ""])
+def test_a_base_url_without_scheme_and_host_is_refused_at_once(url):
+    with pytest.raises(ValueError, match="base_url must start with http:// or https:// and a host"):
+        OpenAIChatPolicy(base_url=url, model="m")
+    with pytest.raises(ValueError):
+        OpenAIChatPolicy.from_spec(f"openai:m@{url}")
