@@ -393,6 +393,10 @@ def test_prepare_flashrag_errors(tmp_path):
         prepare_flashrag(src, tmp_path / "out", datasets=("musique",), make_prompt=stand_in_prompt)
     with pytest.raises(FileNotFoundError):
         prepare_flashrag(tmp_path / "nowhere", tmp_path / "out", make_prompt=stand_in_prompt)
+    for limit in (0, -1, 1.5, True):     # a slice [:-1] would have dropped the last row of each file silently
+        with pytest.raises(ValueError, match="limit must be a row count >= 1"):
+            prepare_flashrag(src, tmp_path / "out", datasets=("nq",), make_prompt=stand_in_prompt, limit=limit)
+    assert not (tmp_path / "out").exists()
     bad = src / "nq" / "test.jsonl"
     bad.write_text('{"id": "0", "question": "q?", "golden_answers": ["a"]}\n{"id": "1", "question": "q2?"\n')
     with pytest.raises(DatasetFormatError, match=r"nq/test\.jsonl:2: not valid JSON"):

@@ -338,6 +338,8 @@ def prepare_flashrag(source: PathLike | Iterable[PathLike], out_dir: PathLike,
     it can key GRPO groups) and ``extra_info.id`` keeps the FlashRAG id. ``limit`` caps rows per
     dataset (for smoke runs). Either list may be empty to skip that file.
     """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a row count >= 1 (or None for every row), got {limit!r}")
     index = find_flashrag_files(source)
     out_dir = Path(out_dir)
     plan = {"train": [(d.lower(), *_pick(index, d.lower(), ("train",), "train")) for d in train_datasets],
