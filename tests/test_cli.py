@@ -285,6 +285,9 @@ def test_a_bad_config_option_is_a_one_line_usage_error(argv, message):
 def test_an_unknown_option_of_a_command_without_overrides_says_so():
     r = run_cli("list", "--bogus")
     assert r.returncode == 2 and "unrecognized arguments: --bogus" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("train", "-x")      # a short option is not read as a config key: the error says how keys are set
+    assert r.returncode == 2 and "unrecognized arguments: -x (config keys are set as KEY=VALUE or --KEY VALUE; " \
+        "`agentgym config train` lists them)" in r.stderr
 
 
 def test_eval_makes_the_folder_of_its_json_and_says_a_bad_output_path_before_it_runs(tmp_path):
