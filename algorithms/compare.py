@@ -234,7 +234,7 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
             raise CompareError("--report-only and --overwrite exclude each other: the report reads the finished runs")
         if not out.is_dir():
             raise CompareError(f"--report-only: {out} is not a folder; give the --out of a comparison that ran")
-        records, seeds = _finished_runs(configs, variants, log)
+        records, seeds = _finished_runs(configs, variants, out, log)
     else:
         if not resume:
             from agentgym.app.runs import prepare_output_dir
@@ -305,7 +305,7 @@ def _reusable(cfg: TrainConfig) -> RunRecord | None:
     return RunRecord(**{**old, "output_dir": here, "config": {**recorded, "output_dir": here}})
 
 
-def _finished_runs(configs: Sequence[tuple[Variant, TrainConfig]], variants: Sequence[Variant],
+def _finished_runs(configs: Sequence[tuple[Variant, TrainConfig]], variants: Sequence[Variant], out: Path,
                    log: Callable[[str], None]) -> tuple[list[RunRecord], list[int]]:
     """``report_only``: the finished runs on the seeds that every variant finished."""
     found = {(v.label, cfg.seed): _reusable(cfg) for v, cfg in configs}
@@ -313,8 +313,7 @@ def _finished_runs(configs: Sequence[tuple[Variant, TrainConfig]], variants: Seq
     complete = [s for s in seeds if all(found[(v.label, s)] is not None for v in variants)]
     missing = [f"{label} seed {seed}" for (label, seed), rec in found.items() if rec is None]
     if not complete:
-        where = Path(configs[0][1].output_dir).parent.parent
-        raise CompareError(f"--report-only: no seed has a finished run of every variant in {where}; "
+        raise CompareError(f"--report-only: no seed has a finished run of every variant in {out}; "
                            f"not finished: {', '.join(missing)}")
     if missing:
         log(f"[compare] --report-only: not finished, left out: {', '.join(missing)}; the report covers seeds {complete}")
