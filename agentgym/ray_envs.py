@@ -249,8 +249,9 @@ def make_ray_envs(env: Any, n: int, env_kwargs: Mapping[str, Any], *, address: s
     else:
         import gymnasium as gym
 
-        from agentgym.registry import full_id
+        from agentgym.registry import check_env_kwargs, full_id
         spec = gym.spec(full_id(env))
+        check_env_kwargs(spec.id, dict(env_kwargs))  # a wrong name or type is said here, not in an actor
         factory = functools.partial(_make_from_spec, spec, dict(env_kwargs))
     return [RayEnv(factory, resources=resources, node_services=node_services) for _ in range(n)]
 

@@ -7,11 +7,19 @@ A user's env registers exactly the same way.
 
 from __future__ import annotations
 
+import collections.abc as cabc
+import difflib
+import inspect
+import numbers
+import os
+import types
+import typing
 from typing import Any, Callable
 
 import gymnasium as gym
+import numpy as np
 
-__all__ = ["NAMESPACE", "register", "make", "list_envs", "spec", "full_id"]
+__all__ = ["NAMESPACE", "register", "make", "list_envs", "spec", "full_id", "check_env_kwargs"]
 
 NAMESPACE = "agentgym"
 _REGISTER_OPTIONS = {"reward_threshold", "nondeterministic", "max_episode_steps", "order_enforce",
@@ -56,7 +64,85 @@ def make(id: str, **kwargs: Any) -> gym.Env:
     fid = full_id(id)
     if fid not in gym.registry:
         raise gym.error.NameNotFound(f"no env {fid!r}; registered agentgym envs: {', '.join(list_envs()) or 'none'}")
+    check_env_kwargs(fid, kwargs)
     return gym.make(fid, **kwargs)
+
+
+def check_env_kwargs(id: str, kwargs: dict[str, Any]) -> None:
+    """Check constructor arguments against the env's signature before Gymnasium builds it, so a typo
+    or a wrong type is named in one line (``Math-v0: max_turns must be int or None, got 'abc'``)
+    instead of surfacing as an error from deep inside the constructor.
+
+    Lenient by design: only names (when the constructor takes no ``**kwargs``) and the plain types
+    ``int``, ``float``, ``str``, ``bool``, ``None``, ``Sequence[...]``, ``Mapping[...]`` and ``Path``
+    in the annotations are checked; anything else (``Any``, a class, an unresolvable hint) passes.
+    Raises ``TypeError``."""
+    fid = full_id(id)
+    try:
+        creator = gym.envs.registration.load_env_creator(gym.spec(fid).entry_point)
+        params = inspect.signature(creator).parameters
+    except Exception:  # an entry point we cannot inspect: Gymnasium reports what it finds
+        return
+    name = fid.split("/", 1)[-1]
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        known = [k for k, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        for key in kwargs:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else f"; it takes: {', '.join(known)}"
+                raise TypeError(f"{name}: no argument {key!r}{hint}")
+    try:
+        init = creator.__init__ if isinstance(creator, type) else creator
+        hints = typing.get_type_hints(init)
+    except Exception:
+        return
+    for key, value in kwargs.items():
+        if key in hints and not _fits(value, hints[key]):
+            raise TypeError(f"{name}: {key} must be {_describe(hints[key])}, got {value!r}"[:300])
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether ``value`` matches ``hint``; hints this check does not understand match anything."""
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, (bool, np.bool_))
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is os.PathLike or (isinstance(hint, type) and issubclass(hint, os.PathLike)):
+        return isinstance(value, (str, os.PathLike))
+    if origin in (cabc.Sequence, list, tuple):  # any iterable but a string or a mapping (a datasets.Dataset too)
+        if isinstance(value, (str, bytes, cabc.Mapping)) or not isinstance(value, cabc.Iterable):
+            return False
+        args = typing.get_args(hint)
+        elem = args[0] if args and (origin is not tuple or (len(args) == 2 and args[1] is Ellipsis)) else Any
+        return not isinstance(value, (list, tuple)) or all(_fits(v, elem) for v in value)
+    if origin in (cabc.Mapping, dict):  # anything but a plain scalar or list: dict-likes vary
+        return not isinstance(value, (str, bytes, numbers.Number, list, tuple))
+    return True  # a class or a construct this check leaves to the env
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return " or ".join(_describe(h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return "None"
+    if origin in (cabc.Sequence, list, tuple):
+        args = typing.get_args(hint)
+        return f"a list of {_describe(args[0])}" if args else "a list"
+    if origin in (cabc.Mapping, dict):
+        return "a mapping"
+    return getattr(hint, "__name__", str(hint))
 
 
 def list_envs() -> list[str]:

@@ -222,7 +222,7 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
     out = Path(out_dir)
     base = load_config(TrainConfig, config, [*overrides, *([f"env={env}"] if env else [])])
     seeds = _seed_list(seeds, base.seed)
-    _check_env(base.env)
+    _check_env(base.env, base.env_kwargs, base.eval.env_kwargs)
     configs = _plan_runs(variants, seeds, steps, env, config, overrides, out)
 
     per_step = base.groups_per_step * base.group_size

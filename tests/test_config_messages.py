@@ -121,3 +121,24 @@ def test_invalid_yaml_is_one_line_with_where(tmp_path):
         load_config(TrainConfig, bad)
     msg = str(e.value)
     assert msg.startswith(f"config file {bad} is not valid YAML (line ") and "\n" not in msg
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "env_kwargs.max_turn=3"], "env_kwargs: Math-v0: no argument 'max_turn' (did you mean 'max_turns'?)"),
+    (["train", "--env-kwargs.max_turns=x"], "env_kwargs: Math-v0: max_turns must be int or None, got 'x'"),
+    (["train", "env=SearchQA-v0", "eval.env_kwargs.topk=abc"], "eval.env_kwargs: SearchQA-v0: topk must be int, got 'abc'"),
+    (["sft", "env=Arithmetic-v0", "env_kwargs.max_turns=[2]"], "env_kwargs: Arithmetic-v0: max_turns must be int, got [2]"),
+    (["eval", "Arithmetic-v0", "--policy", "scripted", "-e", "max_turn=2"],
+     "env_kwargs: Arithmetic-v0: no argument 'max_turn' (did you mean 'max_turns'?)"),
+    (["compare", "--algos", "grpo", "--seeds", "1", "env_kwargs.max_turn=3"],
+     "env_kwargs: Math-v0: no argument 'max_turn' (did you mean 'max_turns'?)"),
+])
+def test_env_arguments_are_checked_before_any_model_loads(tmp_path, argv, message):
+    """A mistyped env argument is a usage error (exit 2) in one line, said before the model loads and before
+    any run folder is made, by every command that builds the env."""
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", *argv, "--threads", "1"], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdin=subprocess.DEVNULL,
+                       cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-800:]
+    assert r.stderr.strip().splitlines()[-1].split(": ", 2)[-1] == message
+    assert "Loading weights" not in r.stderr and not any(tmp_path.iterdir())

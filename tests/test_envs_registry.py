@@ -378,6 +378,61 @@ def test_register_and_make_errors():
         agentgym.make("NoSuchEnv-v0")
 
 
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_make_names_an_unknown_argument(env_id):
+    """A mistyped constructor argument is named, with the nearest real one, before the env is built."""
+    with pytest.raises(TypeError, match=r"no argument 'max_turn' \(did you mean 'max_turns'\?\)"):
+        agentgym.make(env_id, max_turn=2)
+    with pytest.raises(TypeError, match=r"no argument 'zzz'; it takes: .*max_turns"):
+        agentgym.make(env_id, zzz=1)
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+@pytest.mark.parametrize("value", ["abc", [1], True, 2.5])
+def test_make_names_a_wrong_type(env_id, value):
+    """max_turns is an int (or None) in every built-in env; any other type gets one clear line."""
+    with pytest.raises(TypeError, match=r"max_turns must be int"):
+        agentgym.make(env_id, max_turns=value)
+
+
+def test_make_accepts_the_types_users_pass():
+    import numpy as np
+    env = agentgym.make("Math-v0", max_turns=np.int64(3), kinds=("arithmetic",), difficulty=[1, 2],
+                        guess_step_ratio=1, max_action_chars=100)  # an int where a float is asked is fine
+    assert env.unwrapped.max_turns == 3
+    env.close()
+    env = agentgym.make("ToolCall-v0", families=None, transient_rate=0)
+    env.close()
+    with pytest.raises(TypeError, match=r"kinds must be a list of str, got 'arithmetic'"):
+        agentgym.make("Math-v0", kinds="arithmetic")  # a bare string would be split into letters
+    with pytest.raises(TypeError, match=r"world_size must be str or int, got None"):
+        agentgym.make("SearchQA-v0", world_size=None)
+
+
+class _Loose(EchoEnv):
+    def __init__(self, scale, **kwargs):  # no annotation, and **kwargs: names and types pass through
+        super().__init__(**{k: v for k, v in kwargs.items() if k in ("max_turns",)})
+        self.scale = scale
+
+
+def test_make_leaves_unannotated_and_var_keyword_constructors_alone():
+    fid = agentgym.register("Loose-v0", entry_point=_Loose)
+    try:
+        env = agentgym.make("Loose-v0", scale="anything", whatever=1, max_turns=2)
+        assert env.unwrapped.scale == "anything" and env.unwrapped.max_turns == 2
+        env.close()
+    finally:
+        del gym.registry[fid]
+
+
+def test_check_env_kwargs_on_the_command_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "agentgym", "play", "Math-v0", "-e", "max_turns=abc"],
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == ["error: TypeError: Math-v0: max_turns must be int or None, got 'abc'"]
+    assert "Traceback" not in out.stderr
+
+
 def test_import_agentgym_loads_no_concrete_env():
     code = ("import sys, agentgym; assert 'agentgym.envs.arithmetic' not in sys.modules, 'eager import'; "
             "print(agentgym.list_envs())")

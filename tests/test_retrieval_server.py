@@ -546,7 +546,7 @@ def test_serve_command_serves_with_its_request_limit(tmp_path, data):
     build_index(docs, tmp_path / "bm25", kind="bm25")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(_cli("retriever", "serve", str(tmp_path / "bm25"), "--port", "0",
-                                 "--max-request-bytes", "2048"),
+                                 "--max-request-bytes", "2048", "--max-topk", "2"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     watchdog = threading.Timer(120, proc.kill)  # a hung start ends the test instead of blocking it
     watchdog.start()
@@ -558,12 +558,26 @@ def test_serve_command_serves_with_its_request_limit(tmp_path, data):
         with RemoteRetriever(url, timeout_s=30, max_retries=5, backoff_s=0.2) as client:
             q = questions[0].question
             assert ids(client.search([q], 2)) == ids(BM25Retriever().build(docs).search([q], 2))
-            assert client.health()["max_request_bytes"] == 2048
+            health = client.health()
+            assert health["max_request_bytes"] == 2048
+            # a --max-topk below the default topk (3) lowers the default with it instead of refusing to start
+            assert (health["max_topk"], health["default_topk"]) == (2, 2)
+            assert len(httpx.post(url, json={"queries": [q]}, timeout=30).json()["result"][0]) == 2
         assert httpx.post(url, json={"queries": ["q" * 4096]}, timeout=30).status_code == 413
     finally:
         watchdog.cancel()
         proc.kill()  # nothing to shut down gracefully: the index is on disk
         proc.wait(timeout=30)
-    res = subprocess.run(_cli("retriever", "serve", "bundled", "--max-request-bytes", "0"),
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and "--max-request-bytes must be >= 1" in res.stderr and "Traceback" not in res.stderr
+
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-request-bytes", "0"], "--max-request-bytes must be >= 1, got 0"),
+    (["--max-topk", "0"], "--max-topk must be >= 1, got 0"),
+    (["--port", "99999"], "--port must be in 0..65535 (0: any free port), got 99999"),
+    (["--port", "-1"], "--port must be in 0..65535 (0: any free port), got -1"),
+])
+def test_serve_command_refuses_bad_limits_before_serving(flags, message):
+    res = subprocess.run(_cli("retriever", "serve", "bundled", *flags), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stdout == "", (res.stdout, res.stderr[-500:])  # nothing served first
+    assert res.stderr.strip().splitlines() == [f"error: ValueError: {message}"]

@@ -341,6 +341,10 @@ def test_build_index_from_jsonl_and_reload(data, embeddings, tmp_path: Path):
         build_index(corpus_path, tmp_path / "x", kind="bm25", model="some/model")
     with pytest.raises(ValueError, match="kind"):
         build_index(corpus_path, tmp_path / "x", kind="splade")  # type: ignore[arg-type]
+    for bad in (0, -4, 2.5, True):  # said before the corpus is read, for either kind
+        with pytest.raises(ValueError, match=r"batch_size must be an integer >= 1"):
+            build_index(tmp_path / "no_such_corpus.jsonl", tmp_path / "y", kind="dense", batch_size=bad)
+    assert not (tmp_path / "y").exists()
 
 
 def test_load_retriever_errors(tmp_path: Path):

@@ -12,8 +12,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
+
+from agentgym.registry import make
 
 __all__ = ["MALFORMED_ACTIONS", "FuzzReport", "fuzz_env", "check_invalid_step", "run_check_env"]
 
@@ -70,7 +71,7 @@ def check_invalid_step(obs: Any, info: dict[str, Any]) -> str | None:
 def fuzz_env(env_id: str, actions: list[str] | None = None, n: int = 200, seed: int = 0,
              env_kwargs: dict[str, Any] | None = None) -> FuzzReport:
     """Step ``env_id`` with ``actions`` (default: the malformed set then random text samples)."""
-    env = gym.make(env_id, **(env_kwargs or {}))
+    env = make(env_id, **(env_kwargs or {}))
     report = FuzzReport(env_id)
     rng = np.random.default_rng(seed)
     env.action_space.seed(seed)
@@ -107,7 +108,7 @@ def fuzz_env(env_id: str, actions: list[str] | None = None, n: int = 200, seed: 
 def run_check_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> str | None:
     """Gymnasium's ``check_env`` on the unwrapped env; returns the error text or None."""
     from gymnasium.utils.env_checker import check_env
-    env = gym.make(env_id, **(env_kwargs or {}))  # a bad id / kwargs is the caller's error: raise
+    env = make(env_id, **(env_kwargs or {}))  # a bad id / kwargs is the caller's error: raise
     try:
         check_env(env.unwrapped, skip_render_check=False)
     except Exception:

@@ -10,7 +10,8 @@ import math
 import sys
 from typing import Any, Sequence
 
-from agentgym.app.cli_support import load_policy, parse_kv, print_metrics, require_env, set_threads
+from agentgym.app.cli_support import (check_env_kwargs, load_policy, parse_kv, print_metrics, require_env,
+                                      set_threads)
 
 __all__ = ["cmd_list", "cmd_play", "cmd_check", "cmd_eval", "cmd_sandbox", "cmd_retriever_build",
            "cmd_retriever_serve", "cmd_retriever_prep"]
@@ -241,6 +242,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agentgym.rollout import summarize
     cfg = _eval_config(args)
     env_id = require_env(cfg.env)
+    check_env_kwargs(env_id, cfg.env_kwargs)
     baseline = _eval_baseline(cfg, env_id)  # before the eval: a wrong file is said at once, not after it
     _prepare_outputs(cfg)
     set_threads(getattr(args, "threads", None), verbose=True)
@@ -309,9 +311,13 @@ def cmd_retriever_build(args: argparse.Namespace) -> int:
 
 
 def cmd_retriever_serve(args: argparse.Namespace) -> int:
-    from agentgym.envs.retrieval import ServerBindError, bind_socket, load_retriever, serve
+    from agentgym.envs.retrieval import DEFAULT_TOPK, ServerBindError, bind_socket, load_retriever, serve
     if args.max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
+    if args.max_topk < 1:
+        raise ValueError(f"--max-topk must be >= 1, got {args.max_topk}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
     try:  # the port first: "in use" is then the only thing printed, before a long index load
         sock = bind_socket(args.host, args.port)
     except ServerBindError as e:
@@ -325,7 +331,8 @@ def cmd_retriever_serve(args: argparse.Namespace) -> int:
         retriever = load_retriever(args.index)
     port = sock.getsockname()[1]
     print(f"serving {args.index} on http://{args.host}:{port}/retrieve (Search-R1 protocol)", flush=True)
-    serve(retriever, max_topk=args.max_topk, max_request_bytes=args.max_request_bytes, sock=sock)
+    serve(retriever, max_topk=args.max_topk, default_topk=min(DEFAULT_TOPK, args.max_topk),
+          max_request_bytes=args.max_request_bytes, sock=sock)
     return 0
 
 

@@ -35,6 +35,8 @@ def build_index(
     """Index a Search-R1 jsonl corpus (path, ``.jsonl.gz`` too, or an iterable of docs) into ``out_dir``
     and return the ready retriever. Refuses to replace an existing index unless ``overwrite``:
     a wiki-scale index takes hours to rebuild."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     out = Path(out_dir)
     if (out / META_FILE).exists() and not overwrite:
         raise FileExistsError(f"{out} already holds an index; pass overwrite=True to replace it")
