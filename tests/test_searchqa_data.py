@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
 
@@ -387,6 +389,22 @@ def test_prepare_flashrag(tmp_path):
     assert len(load_search_r1_parquet(out2["test"])) == 2
 
 
+def test_retriever_prep_command(tmp_path):
+    """The CLI as a user types it: spaces after the commas are fine; an empty name is a usage error."""
+    src = _flashrag_dir(tmp_path / "flashrag")
+    cli = [sys.executable, "-m", "agentgym.app.cli", "retriever", "prep", str(src)]
+    r = subprocess.run([*cli, "--out", str(tmp_path / "out"), "--datasets", "nq, bamboogle", "--limit", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-800:]
+    assert [q["data_source"] for q in load_search_r1_parquet(tmp_path / "out" / "test.parquet")] == ["nq", "bamboogle"]
+    assert len(load_search_r1_parquet(tmp_path / "out" / "train.parquet")) == 2  # nq + hotpotqa, 1 row each
+    r = subprocess.run([*cli, "--out", str(tmp_path / "out2"), "--datasets", "nq,"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: ValueError: dataset names must not be empty, got train ['nq', 'hotpotqa'] and test ['nq', '']"]
+    assert not (tmp_path / "out2").exists()
+
+
 def test_prepare_flashrag_errors(tmp_path):
     src = _flashrag_dir(tmp_path / "flashrag")
     with pytest.raises(FileNotFoundError, match=r"musique/test\.jsonl"):
@@ -405,3 +423,8 @@ def test_prepare_flashrag_errors(tmp_path):
                    '{"id": "1", "question": "q2?", "golden_answers": {"a": 1}}\n')
     with pytest.raises(DatasetFormatError, match=r":2: 'golden_answers'"):
         prepare_flashrag(src, tmp_path / "out", datasets=("nq",), make_prompt=stand_in_prompt)
+    # the train files were fine, but nothing is written when a test file is not: no half-prepared folder
+    assert not (tmp_path / "out").exists()
+    for names in (("nq", ""), (" ",)):
+        with pytest.raises(ValueError, match="dataset names must not be empty"):
+            prepare_flashrag(src, tmp_path / "out", datasets=names, make_prompt=stand_in_prompt)

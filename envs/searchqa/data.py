@@ -340,13 +340,16 @@ def prepare_flashrag(source: PathLike | Iterable[PathLike], out_dir: PathLike,
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a row count >= 1 (or None for every row), got {limit!r}")
+    blank = [d for d in (*train_datasets, *datasets) if not str(d).strip()]
+    if blank:
+        raise ValueError(f"dataset names must not be empty, got train {list(train_datasets)} and test {list(datasets)}")
     index = find_flashrag_files(source)
     out_dir = Path(out_dir)
     plan = {"train": [(d.lower(), *_pick(index, d.lower(), ("train",), "train")) for d in train_datasets],
             "test": [(d.lower(), *_pick(index, d.lower(), EVAL_SPLIT_PREFERENCE, "evaluation"))
                      for d in datasets]}
-    written: dict[str, Path] = {}
-    for out_split, parts in plan.items():
+    splits: dict[str, list[dict]] = {}
+    for out_split, parts in plan.items():  # every file is read and checked before anything is written
         if not parts:
             continue
         rows: list[dict] = []
@@ -355,5 +358,5 @@ def prepare_flashrag(source: PathLike | Iterable[PathLike], out_dir: PathLike,
             rows += to_search_r1_rows(questions, data_source=dataset, split=out_split, make_prompt=make_prompt)
         for i, r in enumerate(rows):
             r["extra_info"]["index"] = i
-        written[out_split] = save_search_r1_parquet(rows, out_dir / f"{out_split}.parquet")
-    return written
+        splits[out_split] = rows
+    return {split: save_search_r1_parquet(rows, out_dir / f"{split}.parquet") for split, rows in splits.items()}
