@@ -303,3 +303,22 @@ def test_eval_makes_the_folder_of_its_json_and_says_a_bad_output_path_before_it_
 def test_check_refuses_a_negative_action_count():
     r = run_cli("check", "Arithmetic-v0", "--actions", "-5")
     assert r.returncode == 2 and r.stderr.strip() == "error: ConfigError: --actions must be >= 0, got -5"
+
+
+def test_eval_says_when_a_service_failure_ended_every_episode(tmp_path):
+    """A retrieval server that is down is an infrastructure error, not the policy's: eval says so in one line,
+    scores nothing, still writes --json (nothing is lost) and exits 1 because no episode could be scored."""
+    import socket
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    out = tmp_path / "eval.json"
+    r = run_cli("--threads", "1", "eval", "SearchQA-v0", "--policy", "oracle", "--episodes", "2", "--json", str(out),
+                "-e", f'retriever="http://127.0.0.1:{port}/retrieve"', timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-800:]
+    said = [line for line in r.stderr.splitlines() if line.startswith("[eval]")]
+    assert len(said) == 1 and said[0].startswith("[eval] 2 of 2 episodes ended on an infrastructure error"), r.stderr
+    assert "RetrieverUnavailable" in said[0] and f"127.0.0.1:{port}" in said[0]
+    assert r.stderr.strip().splitlines()[-1] == \
+        "error: no episode could be scored: every one ended on an infrastructure error (above)"
+    data = json.loads(out.read_text())
+    assert data["metrics"]["infra_errors"] == 2 and len(data["trajectories"]) == 2

@@ -262,6 +262,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if result.sandbox:
         title += f" · sandbox {result.sandbox}"
     print_metrics(result.metrics, title, std=result.std)
+    infra = [t.episode["infra_error"] for t in result.trajectories if (t.episode or {}).get("infra_error")]
+    if infra:
+        print(f"[eval] {len(infra)} of {len(result.trajectories)} episodes ended on an infrastructure error, not on the "
+              f"policy's action, and are left out of every score (first: {str(infra[0])[:300]})", file=sys.stderr)
     tasks = task_summary(result.tasks, cfg.group_size)
     print(_task_line(tasks, cfg.group_size))
     paired = None
@@ -287,6 +291,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         path = write_html_report(cfg.html, result.trajectories, tokenizer=tokenizer_of(policy),
                                  metrics=result.metrics, title=f"{env_id} · {cfg.policy}")
         print(f"wrote {path}")
+    if infra and len(infra) == len(result.trajectories):
+        print("error: no episode could be scored: every one ended on an infrastructure error (above)", file=sys.stderr)
+        return 1
     return 1 if baseline is not None and paired is None else 0
 
 
