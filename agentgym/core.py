@@ -127,18 +127,20 @@ class AgentEnv(gym.Env[list, str]):
     # ------------------------------------------------------------------ subclass API
     def get_task(self, index: int) -> dict[str, Any]:
         """The task with this index (deterministic in ``index``)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define get_task(index) (see docs/environments.md)")
 
     def initial_messages(self, task: Mapping[str, Any]) -> list[Message]:
         """The first observation: system/user messages holding the task prompt."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define initial_messages(task) (see docs/environments.md)")
 
     def transition(self, action: str) -> Transition:
         """Apply one action to the hidden state. Must not raise on any string."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define transition(action) (see docs/environments.md)")
 
     def default_reward(self) -> Reward:
-        raise NotImplementedError
+        """The reward used when the env is made without ``reward=``."""
+        raise NotImplementedError(f"{type(self).__name__} has no reward: define default_reward() or pass reward=..."
+                                  " (see docs/reward_shapers.md)")
 
     def on_reset(self, task: Mapping[str, Any]) -> None:
         """Hook: build per-episode hidden state (database, sandbox, …)."""

@@ -48,10 +48,15 @@ class HealthConfig:
     template_mi: bool = field(default=False, metadata={
         "help": "log health/input_response_mi (RAGEN-2 template collapse), opt-in"})
     mi_tokens: int = field(default=16, metadata={"help": "response prefix (tokens) the MI estimate looks at"})
+    max_outage_steps: int = field(default=3, metadata={
+        "help": "stop the run, checkpointed for --resume, after this many steps in a row in which every episode "
+                "ended on an infrastructure error (a retrieval server or sandbox down); 0: never stop"})
 
     def __post_init__(self) -> None:
         if self.window < 2 or self.no_signal_steps < 1 or self.mi_tokens < 1:
             raise ValueError("health.window must be >= 2, health.no_signal_steps and health.mi_tokens >= 1")
+        if isinstance(self.max_outage_steps, bool) or self.max_outage_steps < 0:
+            raise ValueError(f"health.max_outage_steps must be >= 0 (0: never stop), got {self.max_outage_steps}")
         for name in ("entropy_drop", "length_drop", "no_signal_share"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"health.{name} must be in (0, 1], got {getattr(self, name)}")

@@ -54,6 +54,16 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.step, self.checkpoint = step, checkpoint
 
 
+class ServiceOutage(RuntimeError):
+    """A service the episodes need (a retrieval server, a sandbox) failed every episode of
+    ``health.max_outage_steps`` steps in a row, so the run stopped instead of spending its budget on steps
+    that train nothing; ``checkpoint`` is what ``--resume`` continues from once the service is back."""
+
+    def __init__(self, message: str, step: int, checkpoint: Path | None = None) -> None:
+        super().__init__(message)
+        self.step, self.checkpoint = step, checkpoint
+
+
 class WholeSteps:
     """SIGINT handling for a training loop: a Ctrl-C that arrives while an update is being applied (learner
     step, weight sync, step counter, log row) is held until that update is complete, so an interrupted run

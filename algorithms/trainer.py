@@ -34,14 +34,14 @@ from agentgym.algorithms.catalog import make_learner
 from agentgym.algorithms.curves import held_out_gain, plot_curves
 from agentgym.algorithms.health import HealthMonitor, batch_health
 from agentgym.algorithms.overlap import Prefetcher
-from agentgym.algorithms.run_control import (TrainingInterrupted, WholeSteps, checkpoint_step, finished_run,
-                                             interrupted_run, latest_checkpoint)
+from agentgym.algorithms.run_control import (ServiceOutage, TrainingInterrupted, WholeSteps, checkpoint_step,
+                                             finished_run, interrupted_run, latest_checkpoint)
 from agentgym.algorithms.config import EvalConfig, TrainConfig, torch_dtype
 from agentgym.algorithms.held_out import (eval_line, eval_rollout_config, held_out_eval, rollout_config, scored_eval,
                                           task_successes)
 
 __all__ = ["TrainConfig", "EvalConfig", "train", "Trainer", "rollout_config", "eval_rollout_config", "held_out_eval",
-           "task_successes", "TrainingInterrupted", "finished_run", "interrupted_run", "latest_checkpoint"]
+           "task_successes", "ServiceOutage", "TrainingInterrupted", "finished_run", "interrupted_run", "latest_checkpoint"]
 
 
 def _set_seed(seed: int) -> None:
@@ -63,6 +63,7 @@ class Trainer:
         self.cfg, self.on_step = cfg, on_step
         self._print = log
         self._bar: Any = None
+        self._outage_steps = 0   # steps in a row that an infrastructure failure emptied (_check_outage)
         self.out = Path(cfg.output_dir)
         from agentgym.algorithms.distributed import init_from_env
         self.dist = init_from_env(cfg.device)   # None in one process; torchrun: this rank's process group
@@ -293,6 +294,14 @@ class Trainer:
                 self.log(f"[train] saving a checkpoint at step {self.step} ...")
                 saved = self.save_checkpoint()
             raise TrainingInterrupted(self.step, saved) from None
+        except ServiceOutage as stop:   # raised between whole steps: the state is consistent and can be saved
+            self._close_bar()
+            saved = self.latest_checkpoint()
+            if self.step > checkpoint_step(saved):
+                self.log(f"[train] saving a checkpoint at step {self.step} ...")
+                saved = self.save_checkpoint()
+            stop.checkpoint = saved
+            raise
 
     def _close_bar(self) -> None:
         if self._bar is not None:
@@ -390,8 +399,24 @@ class Trainer:
                           "time/rollout_wait_s": t_wait, "time/sync_s": sync_s}
                 row = self._step_row(batch, upd, staleness, infra, timing)
             self._after_step(batch, row)
+            self._check_outage(batch.trajectories, infra)
         self._close_bar()
         return self._finish()
+
+    def _check_outage(self, trajectories: list[Any], infra: int) -> None:
+        """Count steps in a row whose every episode an infrastructure error ended (nothing was trained on);
+        at ``health.max_outage_steps`` stop the run with :class:`ServiceOutage` rather than spend the rest of
+        its budget on steps that train nothing. One process only: under torchrun each rank sees its own share of
+        the batch, and a stop that one rank decides alone would leave the others waiting in a collective."""
+        if self.dist is not None:
+            return
+        self._outage_steps = self._outage_steps + 1 if trajectories and infra == len(trajectories) else 0
+        limit = self.cfg.health.max_outage_steps
+        if limit and self._outage_steps >= limit:
+            first = next(t.episode["infra_error"] for t in trajectories if (t.episode or {}).get("infra_error"))
+            raise ServiceOutage(f"every episode of the last {self._outage_steps} steps ended on an infrastructure "
+                                f"error, so nothing was trained (last: {str(first)[:300]}); the run stopped at step "
+                                f"{self.step} (health.max_outage_steps={limit})", self.step)
 
     def _step_row(self, batch: Any, upd: dict[str, Any], staleness: int, infra: int,
                   timing: dict[str, float]) -> dict[str, float]:
@@ -401,7 +426,8 @@ class Trainer:
                **{f"train/{k}": float(v) for k, v in upd.items()},
                "rollout/staleness": float(staleness), "rollout/infra_errors": float(infra), **timing,
                "perf/tokens_per_s": batch.metrics.get("generated_tokens", 0.0) / max(dt, 1e-9),
-               **batch_health(batch.trajectories, self.cfg.health)}
+               # the policy's health, over the episodes it is trained on: an outage is not a collapse
+               **batch_health(scored_episodes(batch.trajectories), self.cfg.health)}
         self.history.append(row)
         for alarm in self.health.check(row):
             self.log(f"[health] WARNING step {alarm.step}: {alarm.message} ({alarm.rule})")

@@ -451,3 +451,14 @@ def test_answer_terminates():
     assert info["episode_summary"]["success"] is True
     assert info["episode_summary"]["terminated"] is True
     assert info["episode_summary"]["truncated"] is False
+
+
+def test_an_env_missing_a_method_says_which():
+    class Bare(agentgym.AgentEnv):
+        num_tasks = 1
+
+    with pytest.raises(NotImplementedError, match=r"^Bare has no reward: define default_reward\(\) or pass reward="):
+        Bare()
+    env = Bare(reward=Reward([ExactMatch()]))
+    with pytest.raises(NotImplementedError, match=r"^Bare must define get_task\(index\)"):
+        env.reset(seed=0)

@@ -185,3 +185,141 @@ def test_an_eval_neither_passes_nor_fails_an_episode_a_service_failure_ended(fla
     assert result.std["reward_mean"] == pytest.approx(0.0)
     everything_failed = summarize(marked)
     assert everything_failed["infra_errors"] == 2 and everything_failed["success_rate"] != everything_failed["success_rate"]
+
+
+class ServiceDownEnv(AgentEnv):
+    """Every action goes to a service that is down while ``down`` is set (a sandbox daemon, a retrieval server)."""
+    num_tasks = 8
+    down = True
+
+    def get_task(self, index):
+        return {"n": index}
+
+    def initial_messages(self, task):
+        return [{"role": "user", "content": f"Say a number near {task['n']}."}]
+
+    def transition(self, action):
+        if ServiceDownEnv.down:
+            raise InfraError("retrieval server http://10.0.0.9:8000/retrieve failed after 4 attempt(s): ConnectError")
+        return Transition([], "answer", terminated=True, answer=action, info={})
+
+    def default_reward(self):
+        from agentgym.rewards import Reward, shaper
+
+        @shaper("length")
+        def length(event):
+            return min(len(event.action), 20) / 20
+
+        return Reward([length])
+
+
+def test_a_service_down_for_whole_steps_stops_the_run_checkpointed_and_resume_finishes_it(tmp_path):
+    """Steps whose every episode an outage ended train nothing; after health.max_outage_steps of them in a row
+    the run stops with ServiceOutage and a checkpoint, instead of spending its whole budget on nothing, and
+    --resume finishes it once the service is back."""
+    from agentgym.algorithms.run_control import ServiceOutage
+    from agentgym.algorithms.trainer import TrainConfig, Trainer, latest_checkpoint
+    from agentgym.config import load_config
+
+    env_id = agentgym.register("ServiceDown-v0", entry_point=ServiceDownEnv)
+    overrides = ["model=tiny-random", "algo=grpo", "env=ServiceDown-v0", "env_kwargs={}", "groups_per_step=2",
+                 "group_size=2", "steps=5", "sampling.max_new_tokens=4", "eval.episodes=2", "tensorboard=false",
+                 "eval.env_kwargs={}", "health.max_outage_steps=2", f"output_dir={tmp_path / 'run'}"]
+    try:
+        ServiceDownEnv.down = True
+        logged: list[str] = []
+        trainer = Trainer(load_config(TrainConfig, overrides=overrides), log=logged.append)
+        with pytest.raises(ServiceOutage) as stop:
+            trainer.train()
+        assert stop.value.step == 2 and stop.value.checkpoint == latest_checkpoint(tmp_path / "run")
+        assert stop.value.checkpoint.name == "step_000002"
+        assert str(stop.value).startswith("every episode of the last 2 steps ended on an infrastructure error, so "
+                                          "nothing was trained (last: InfraError: retrieval server http://10.0.0.9:8000")
+        assert "health.max_outage_steps=2" in str(stop.value)
+        ServiceDownEnv.down = False      # the service is back: the run goes on from step 2 to the end
+        result = Trainer(load_config(TrainConfig, overrides=overrides), log=logged.append).train(resume=True)
+    finally:
+        del gym.registry[env_id]
+        ServiceDownEnv.down = True
+    steps = [int(row["step"]) for row in result["history"]]
+    assert steps == [1, 2, 3, 4, 5]
+    assert [row["rollout/infra_errors"] for row in result["history"]] == [4, 4, 0, 0, 0]
+    # health is the policy's, over the episodes trained on: an outage step has none, and raises no alarm
+    assert not any(k.startswith("health/") for k in result["history"][0]) and "health/response_tokens" in result["history"][2]
+
+
+def test_max_outage_steps_zero_never_stops_and_a_partial_outage_does_not_count(tmp_path):
+    from agentgym.algorithms.health import HealthConfig
+    from agentgym.algorithms.trainer import TrainConfig, Trainer
+    from agentgym.config import load_config
+    with pytest.raises(ValueError, match="max_outage_steps must be >= 0"):
+        HealthConfig(max_outage_steps=-1)
+    env_id = agentgym.register("ServiceDown-v1", entry_point=ServiceDownEnv)
+    try:
+        ServiceDownEnv.down = True
+        cfg = load_config(TrainConfig, overrides=[
+            "model=tiny-random", "algo=grpo", "env=ServiceDown-v1", "env_kwargs={}", "groups_per_step=2",
+            "group_size=2", "steps=3", "sampling.max_new_tokens=4", "eval.episodes=2", "tensorboard=false",
+            "eval.env_kwargs={}", "health.max_outage_steps=0", f"output_dir={tmp_path / 'run'}"])
+        result = Trainer(cfg, log=lambda _: None).train()
+    finally:
+        del gym.registry[env_id]
+    assert [row["rollout/infra_errors"] for row in result["history"]] == [4, 4, 4]
+    # a step with one clean episode breaks the run of outage steps (the count is of steps in a row)
+    trainer = Trainer.__new__(Trainer)
+    trainer.dist, trainer._outage_steps = None, 1
+    trainer.cfg = load_config(TrainConfig, overrides=["health.max_outage_steps=2"])
+    trainer._check_outage([object(), object()], 1)
+    assert trainer._outage_steps == 0
+
+
+DOWN_PLUGIN = '''
+import agentgym
+from agentgym import AgentEnv
+from agentgym.errors import InfraError
+
+
+class Down(AgentEnv):
+    num_tasks = 4
+
+    def get_task(self, index):
+        return {"n": index}
+
+    def initial_messages(self, task):
+        return [{"role": "user", "content": "Say something."}]
+
+    def transition(self, action):
+        raise InfraError("sandbox daemon unreachable")
+
+    def default_reward(self):
+        from agentgym.rewards import ExactMatch, Reward
+        return Reward([ExactMatch()])
+
+
+agentgym.register("Down-v0", entry_point=Down)
+'''
+
+
+def test_train_command_says_the_outage_and_how_to_go_on(tmp_path):
+    """As a user sees it: one error line naming the outage, the checkpoint, and the command that continues."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "down_plugin.py").write_text(DOWN_PLUGIN)
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", "--import", "down_plugin", "--threads", "1", "train",
+                        "model=tiny-random", "env=Down-v0", "env_kwargs={}", "eval.env_kwargs={}", "steps=6",
+                        "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4", "eval.episodes=2",
+                        "health.max_outage_steps=3", "output_dir=out"], capture_output=True, text=True, timeout=600,
+                       cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-1500:]
+    lines = r.stderr.strip().splitlines()
+    assert lines[-2].startswith("error: every episode of the last 3 steps ended on an infrastructure error, so nothing "
+                                "was trained (last: InfraError: sandbox daemon unreachable); the run stopped at step 3")
+    assert lines[-2].endswith(f"checkpoint {os.path.join('out', 'checkpoints', 'step_000003')}. Once the service is "
+                              "back, continue with:")
+    assert lines[-1].strip() == "agentgym --import down_plugin --threads 1 train model=tiny-random env=Down-v0 " \
+        "'env_kwargs={}' 'eval.env_kwargs={}' steps=6 groups_per_step=2 group_size=2 sampling.max_new_tokens=4 " \
+        "eval.episodes=2 health.max_outage_steps=3 output_dir=out --resume"
+    assert (tmp_path / "out" / "checkpoints" / "step_000003").is_dir()
+    assert r.stdout.count("episodes ended on an infrastructure error") == 3
+    assert "[health]" not in r.stdout   # 3 steps with no scored episode: an outage, not a "no signal" collapse

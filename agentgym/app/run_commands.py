@@ -65,6 +65,7 @@ def _say_finished(out: str, steps: int, evals: dict[str, Any]) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from agentgym.algorithms.run_control import ServiceOutage
     from agentgym.algorithms.trainer import (TrainConfig, Trainer, TrainingInterrupted, finished_run, interrupted_run,
                                            latest_checkpoint)
     from agentgym.config import ConfigError, load_config
@@ -100,6 +101,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"\n[train] interrupted at step {stop.step}; checkpoint {stop.checkpoint}. Continue with:\n"
                   f"  {_resume_command(args, cfg.output_dir)}", file=sys.stderr)
         return 130
+    except ServiceOutage as stop:
+        where = f"checkpoint {stop.checkpoint}" if stop.checkpoint is not None else "no checkpoint"
+        print(f"\nerror: {stop}; {where}. Once the service is back, continue with:\n"
+              f"  {_resume_command(args, cfg.output_dir)}", file=sys.stderr)
+        return 1
     finally:
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
