@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from agentgym.parsing import last_tag_content
-from agentgym.reward_terms import _WeightedTerms
+from agentgym.reward_terms import _WeightedTerms, call_term, term_value
 from agentgym.shapers import normalize_answer
 
 
@@ -86,7 +86,7 @@ class GroupReward(_WeightedTerms):
         """Per member, ``(group reward, weighted terms, raw terms)``."""
         raw_by_term = {}
         for n, s, _ in self.terms:
-            values = [float(v) for v in s(members)]
+            values = [term_value(n, v) for v in call_term(n, s, members)]
             if len(values) != len(members):
                 raise ValueError(f"group shaper {n!r} returned {len(values)} values for {len(members)} members")
             raw_by_term[n] = values

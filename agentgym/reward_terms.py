@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -82,7 +83,7 @@ class _FunctionShaper:
     def __call__(self, event: StepEvent) -> float:
         if self.terminal and not event.done:
             return 0.0
-        return float(self.fn(event))
+        return term_value(self.name, self.fn(event))
 
     def __repr__(self) -> str:
         return f"shaper({self.name!r}, terminal={self.terminal})"
@@ -130,6 +131,54 @@ def potential_shaper(name: str | None = None, *, gamma: float = 1.0,
     return wrap
 
 
+def term_value(name: str, value: Any) -> float:
+    """A shaper's return value as a float, or a ``ValueError`` that names the term: a shaper returns a
+    finite number (a bool or a 0-d tensor is fine), never a string, None or NaN — a NaN reward would reach
+    the advantages and the loss unnoticed."""
+    if isinstance(value, (str, bytes)) or value is None:
+        raise ValueError(f"reward term {name!r} returned {value!r}; a shaper must return a finite number")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"reward term {name!r} returned {str(value)[:80]!r} ({type(value).__name__}); "
+                         "a shaper must return a finite number") from None
+    if not math.isfinite(out):
+        raise ValueError(f"reward term {name!r} returned {out}; a shaper must return a finite number")
+    return out
+
+
+def _weight(name: str, w: Any) -> float:
+    if isinstance(w, (str, bytes, bool)) or w is None:
+        raise ValueError(f"the weight of reward term {name!r} must be a finite number, got {w!r}")
+    try:
+        out = float(w)
+    except (TypeError, ValueError):
+        raise ValueError(f"the weight of reward term {name!r} must be a finite number, got {w!r}") from None
+    if not math.isfinite(out):
+        raise ValueError(f"the weight of reward term {name!r} must be a finite number, got {out}")
+    return out
+
+
+def call_term(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``; an exception inside a shaper is re-raised with the term's name in front (a shaper is the
+    user's code, so its bug is shown, not hidden, but it should say which term it was)."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        if str(e).strip("'\"").startswith(f"reward term {name!r}") or not _rewrappable(e):
+            raise   # already names the term (term_value inside an @shaper), or cannot be rebuilt
+        raise type(e)(f"reward term {name!r} raised {type(e).__name__}: {e}") from e
+
+
+def _rewrappable(e: Exception) -> bool:
+    """Whether ``type(e)(message)`` rebuilds the exception (built-in errors do; some custom ones take more)."""
+    try:
+        type(e)("x")
+    except Exception:
+        return False
+    return True
+
+
 class _WeightedTerms:
     """Named shapers with weights, each name once: the bookkeeping :class:`Reward` and
     :class:`GroupReward` share (what a term is evaluated on is theirs)."""
@@ -142,7 +191,7 @@ class _WeightedTerms:
         else:
             for entry in shapers:
                 s, w = entry if isinstance(entry, tuple) else (entry, 1.0)
-                items.append((getattr(s, "name", type(s).__name__), s, float(w)))
+                items.append((getattr(s, "name", type(s).__name__), s, w))
         weights = dict(weights or {})
         names = [n for n, _, _ in items]
         if len(set(names)) != len(names):
@@ -150,7 +199,7 @@ class _WeightedTerms:
         unknown = set(weights) - set(names)
         if unknown:
             raise ValueError(f"weights given for unknown reward terms {sorted(unknown)}; terms are {names}")
-        self.terms: list[tuple[str, Any, float]] = [(n, s, float(weights.get(n, w))) for n, s, w in items]
+        self.terms: list[tuple[str, Any, float]] = [(n, s, _weight(n, weights.get(n, w))) for n, s, w in items]
 
     @property
     def names(self) -> list[str]:
@@ -191,7 +240,7 @@ class Reward(_WeightedTerms):
     def evaluate(self, event: StepEvent) -> tuple[float, dict[str, float], dict[str, float]]:
         """``(reward, weighted terms, raw terms)``. Raw values are reported even for weight-0
         terms, so an opt-in term (or a penalty switched off to reproduce a paper) stays visible."""
-        raw = {n: float(s(event)) for n, s, _ in self.terms}
+        raw = {n: term_value(n, call_term(n, s, event)) for n, s, _ in self.terms}
         total, weighted = self._weighted(raw)
         return total, weighted, raw
 

@@ -108,6 +108,13 @@ def test_group_reward_composition_weights_and_report():
 
     with pytest.raises(ValueError, match="too_few.*1 values for 2 members"):
         GroupReward([too_few]).evaluate(members)
+
+    @group_shaper()
+    def undefined(members):
+        return [0.0, float("nan")]
+
+    with pytest.raises(ValueError, match="reward term 'undefined' returned nan; a shaper must return a finite number"):
+        GroupReward([undefined]).evaluate(members)
     assert not callable(gr)  # a callable env attribute would read as a method through Ray env proxies
 
 

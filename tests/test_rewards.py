@@ -351,3 +351,53 @@ def test_with_terms_appends_and_keeps_names_unique():
     assert r.weights == {"exact_match": 1.0, "call_cost": 0.1, "invalid": 1.0}
     with pytest.raises(ValueError, match="duplicate"):
         r.with_terms(ExactMatch())
+
+
+# --------------------------------------------------------------------------- a shaper's bugs, named
+@pytest.mark.parametrize("value, message", [
+    (float("nan"), r"reward term 'bad' returned nan; a shaper must return a finite number"),
+    (float("-inf"), r"reward term 'bad' returned -inf"),
+    (None, r"reward term 'bad' returned None"),
+    ("1", r"reward term 'bad' returned '1'"),             # float("1") used to pass a string through silently
+    ([1.0], r"reward term 'bad' returned '\[1.0\]' \(list\)"),
+])
+def test_a_shaper_value_that_is_not_a_finite_number_names_the_term(value, message):
+    @shaper("bad")
+    def decorated(ev):
+        return value
+
+    class Plain:                      # a shaper that is not made by @shaper is held to the same rule
+        name = "bad"
+
+        def __call__(self, ev):
+            return value
+
+    for bad in (decorated, Plain()):
+        with pytest.raises(ValueError, match=message):
+            Reward([ExactMatch(), bad]).evaluate(event("x", done=True, answer="Paris"))
+
+
+def test_shaper_values_that_are_numbers_of_any_kind_pass():
+    import numpy as np
+    import torch
+    for value, expected in ((np.float32(0.5), 0.5), (torch.tensor(0.25), 0.25), (True, 1.0), (3, 3.0)):
+        total, _, raw = Reward([shaper("v")(lambda ev, v=value: v)]).evaluate(event("x"))
+        assert raw == {"v": expected} and total == expected and isinstance(total, float)
+
+
+def test_an_exception_inside_a_shaper_names_the_term():
+    @shaper("lookup")
+    def lookup(ev):
+        return ev.task["no_such_key"]
+
+    with pytest.raises(KeyError, match=r"reward term 'lookup' raised KeyError: 'no_such_key'") as e:
+        Reward([lookup]).evaluate(event("x"))
+    assert isinstance(e.value.__cause__, KeyError)     # the original is chained, its traceback kept
+
+
+@pytest.mark.parametrize("weight", ["abc", float("nan"), float("inf"), None, True])
+def test_a_weight_that_is_not_a_finite_number_names_the_term(weight):
+    with pytest.raises(ValueError, match=r"the weight of reward term 'exact_match' must be a finite number"):
+        Reward([(ExactMatch(), weight)])
+    with pytest.raises(ValueError, match=r"the weight of reward term 'exact_match' must be a finite number"):
+        Reward([ExactMatch()], weights={"exact_match": weight})
