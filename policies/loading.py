@@ -123,10 +123,25 @@ def load_trained_policy(spec: str, *, device: str | None = None, dtype: Any = No
     except OSError as e:
         if p.exists() or isinstance(e, FileNotFoundError):
             raise
-        # a hub id (org/name) that is not a local path either: most often a mistyped run or model directory
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise FileNotFoundError(f"model {spec!r}: no local directory of that name, and the Hugging Face Hub did "
-                                f"not give it ({reason})") from None
+        raise _not_on_hub(spec, e) from None
+
+
+def _not_on_hub(spec: str, e: BaseException) -> FileNotFoundError:
+    """A hub id (org/name) that is not a local path either, and the Hub (or its cache, offline) has not got
+    it: most often a mistyped run or model directory. The one message for every engine."""
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return FileNotFoundError(f"model {spec!r}: no local directory of that name, and the Hugging Face Hub did "
+                             f"not give it ({reason})")
+
+
+def _check_hub_id(spec: str) -> None:
+    """Before an engine that loads from disk (vLLM) is handed a hub id: its ``config.json`` comes from the Hub,
+    or from the cache when offline, or the load fails here with the same message as the transformers path."""
+    from huggingface_hub import hf_hub_download
+    try:
+        hf_hub_download(spec, "config.json")
+    except Exception as e:   # RepositoryNotFoundError, LocalEntryNotFoundError (offline), network errors
+        raise _not_on_hub(spec, e) from None
 
 
 def _merged_adapter(adapter_dir: Path, base: str, base_seed: int, name: str, device: str | None, dtype: Any,
@@ -201,6 +216,8 @@ def model_directory(spec: str, *, seed: int = 0) -> Path | str:
         source = _output_model_dir(p)
     else:
         src = resolve_model(spec)
+        if src.path == spec and not Path(spec).exists():   # a hub id, not a local folder
+            _check_hub_id(spec)
         plain = _ensure_plain_copy(src) if src.gguf_file else None
         return plain if plain is not None else src.path
     if (source / "config.json").exists() and not (source / "adapter_config.json").exists():

@@ -142,3 +142,35 @@ def test_env_arguments_are_checked_before_any_model_loads(tmp_path, argv, messag
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-800:]
     assert r.stderr.strip().splitlines()[-1].split(": ", 2)[-1] == message
     assert "Loading weights" not in r.stderr and not any(tmp_path.iterdir())
+
+
+def test_a_mistyped_hub_id_gets_the_same_message_on_the_vllm_path():
+    """vLLM loads from disk: a hub id it cannot get is said by agentgym, as on the transformers path, not by the
+    engine after its start-up."""
+    pytest.importorskip("vllm", reason="the vLLM extra is not installed (CI installs it: scripts/setup.sh --vllm)")
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", "eval", "Arithmetic-v0", "--policy",
+                        "no_such_org/no_such_model", "--backend", "vllm", "--episodes", "1", "--threads", "1"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-800:]
+    assert r.stderr.strip().splitlines()[-1].startswith(
+        "error: ConfigError: policy: model 'no_such_org/no_such_model': no local directory of that name, and the "
+        "Hugging Face Hub did not give it (")
+
+
+def test_a_hub_id_in_the_offline_cache_is_handed_to_the_engine(tmp_path, monkeypatch):
+    """The check before vLLM asks only for config.json, which an offline machine finds in the Hub cache."""
+    from agentgym.policies.loading import model_directory
+    repo = tmp_path / "hub" / "models--some-org--cached-model"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    (repo / "snapshots" / ("0" * 40) / "config.json").write_text('{"model_type": "llama"}')
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hub_constants
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    assert model_directory("some-org/cached-model") == "some-org/cached-model"
+    with pytest.raises(FileNotFoundError, match=r"model 'some-org/not-cached': no local directory of that name"):
+        model_directory("some-org/not-cached")
