@@ -322,3 +322,25 @@ def test_eval_says_when_a_service_failure_ended_every_episode(tmp_path):
         "error: no episode could be scored: every one ended on an infrastructure error (above)"
     data = json.loads(out.read_text())
     assert data["metrics"]["infra_errors"] == 2 and len(data["trajectories"]) == 2
+
+
+@pytest.mark.parametrize("name, source, message", [
+    ("no_such_plugin_mod", None, "error: --import no_such_plugin_mod failed: No module named 'no_such_plugin_mod'"),
+    ("plug_missing_dep", "import no_such_dependency_xyz\n",
+     "error: --import plug_missing_dep failed: No module named 'no_such_dependency_xyz' (raised while importing "
+     "plug_missing_dep)"),
+    ("plug_raises", "x = 1\nraise RuntimeError('broken plugin')\n",
+     "error: --import plug_raises failed: RuntimeError: broken plugin at {dir}/plug_raises.py:2 "
+     "(AGENTGYM_DEBUG=1 shows the traceback)"),
+    ("plug_syntax", "x = (\n", "error: --import plug_syntax failed: SyntaxError: "),
+    ("", None, "error: --import '': not a module name (a dotted Python name such as mypkg.envs)"),
+    ("my-plugin", None, "error: --import 'my-plugin': not a module name (a dotted Python name such as mypkg.envs)"),
+])
+def test_a_plugin_that_cannot_be_imported_is_one_line(tmp_path, name, source, message):
+    if source is not None:
+        (tmp_path / f"{name}.py").write_text(source)
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", "--import", name, "list"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message.format(dir=tmp_path)), lines

@@ -37,8 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     try:
         _load_plugins(args.imports)
-    except ImportError as e:
-        print(f"error: --import failed: {e}", file=sys.stderr)
+    except PluginError as e:
+        if os.environ.get("AGENTGYM_DEBUG") and e.__cause__ is not None:
+            raise e.__cause__
+        print(f"error: {e}", file=sys.stderr)
         return 2
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
@@ -109,10 +111,33 @@ def _load_plugins(modules: Sequence[str] | None) -> None:
     Resolved from the current directory first, as ``python -m`` does, so ``mypkg/`` next to you works
     without ``PYTHONPATH=.``."""
     import importlib
+    import re
     if modules and os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     for m in modules or []:
-        importlib.import_module(m)
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", m):
+            raise PluginError(f"--import {m!r}: not a module name (a dotted Python name such as mypkg.envs)")
+        try:
+            importlib.import_module(m)
+        except ModuleNotFoundError as e:
+            where = "" if e.name == m or m.startswith(f"{e.name}.") else f" (raised while importing {m})"
+            raise PluginError(f"--import {m} failed: {e}{where}") from e
+        except Exception as e:   # the plugin's own code failed: say where, in one line
+            raise PluginError(f"--import {m} failed: {type(e).__name__}: {e}{_where(e)} "
+                              "(AGENTGYM_DEBUG=1 shows the traceback)") from e
+
+
+class PluginError(Exception):
+    """An ``--import`` module that could not be imported (a usage error: exit 2)."""
+
+
+def _where(e: BaseException) -> str:
+    """`` at FILE:LINE``: the innermost frame of the failure."""
+    import traceback
+    if isinstance(e, SyntaxError):   # its message names the file and line already
+        return ""
+    frames = traceback.extract_tb(e.__traceback__)
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _busy_cores_now(window_s: float = 0.3) -> float | None:
