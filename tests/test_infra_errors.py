@@ -274,8 +274,10 @@ def test_max_outage_steps_zero_never_stops_and_a_partial_outage_does_not_count(t
 
 
 DOWN_PLUGIN = '''
+import os
+
 import agentgym
-from agentgym import AgentEnv
+from agentgym import AgentEnv, Transition
 from agentgym.errors import InfraError
 
 
@@ -289,6 +291,8 @@ class Down(AgentEnv):
         return [{"role": "user", "content": "Say something."}]
 
     def transition(self, action):
+        if os.environ.get("SERVICE_BACK"):
+            return Transition([], "answer", terminated=True, answer=action)
         raise InfraError("sandbox daemon unreachable")
 
     def default_reward(self):
@@ -323,3 +327,30 @@ def test_train_command_says_the_outage_and_how_to_go_on(tmp_path):
     assert (tmp_path / "out" / "checkpoints" / "step_000003").is_dir()
     assert r.stdout.count("episodes ended on an infrastructure error") == 3
     assert "[health]" not in r.stdout   # 3 steps with no scored episode: an outage, not a "no signal" collapse
+
+
+def test_compare_stops_on_an_outage_and_its_printed_command_finishes_the_comparison(tmp_path):
+    import os
+    import shlex
+    import subprocess
+    import sys
+    (tmp_path / "down_plugin.py").write_text(DOWN_PLUGIN)
+    argv = ["--import", "down_plugin", "--threads", "1", "compare", "--env", "Down-v0", "--algos", "grpo", "--seeds",
+            "1", "--steps", "3", "model=tiny-random", "env_kwargs={}", "eval.env_kwargs={}", "groups_per_step=2",
+            "group_size=2", "sampling.max_new_tokens=4", "eval.episodes=2", "health.max_outage_steps=2"]
+    env = {k: v for k, v in os.environ.items() if k != "SERVICE_BACK"}
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", *argv], capture_output=True, text=True,
+                       timeout=600, cwd=tmp_path, env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-1500:]
+    said, command = r.stderr.strip().splitlines()[-2:]
+    assert said.startswith("error: every episode of the last 2 steps ended on an infrastructure error") and \
+        said.endswith("Once the service is back, continue with:")
+    words = shlex.split(command)
+    assert words[0] == "agentgym" and words[-1] == "--resume" and "--out" in words
+    out = tmp_path / words[words.index("--out") + 1]
+    assert (out / "grpo" / "seed0" / "checkpoints" / "step_000002").is_dir()
+    # the service is back: the printed command goes on from step 2 and writes the report
+    r = subprocess.run([sys.executable, "-m", "agentgym.app.cli", *words[1:]], capture_output=True, text=True,
+                       timeout=600, cwd=tmp_path, env={**env, "SERVICE_BACK": "1"})
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert "going on from step_000002" in r.stdout + r.stderr and (out / "compare.md").is_file()

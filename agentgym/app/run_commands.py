@@ -144,10 +144,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
         args.out = str(default_output_dir("runs/compare", resume=args.resume or args.report_only,
                                           overwrite=args.overwrite))
     set_threads(args.threads, verbose=False)  # compare's own first line reports the setup
-    result = compare(args.algos, _int_list(args.seeds, "--seeds"), steps, env=args.env, config=args.config,
-                     overrides=args.overrides, out_dir=args.out, keep_checkpoints=args.keep_checkpoints,
-                     resume=args.resume, threshold=args.threshold, overwrite=args.overwrite,
-                     report_only=args.report_only)
+    from agentgym.algorithms.run_control import ServiceOutage
+    try:
+        result = compare(args.algos, _int_list(args.seeds, "--seeds"), steps, env=args.env, config=args.config,
+                         overrides=args.overrides, out_dir=args.out, keep_checkpoints=args.keep_checkpoints,
+                         resume=args.resume, threshold=args.threshold, overwrite=args.overwrite,
+                         report_only=args.report_only)
+    except ServiceOutage as stop:   # the finished runs are kept; the stopped one goes on from its checkpoint
+        import shlex
+        words = [w for w in getattr(args, "argv", []) if w not in ("--resume", "--overwrite")]
+        if "--out" not in words and not any(w.startswith("--out=") for w in words):
+            words += ["--out", str(args.out)]
+        where = f"checkpoint {stop.checkpoint}" if stop.checkpoint is not None else "no checkpoint"
+        print(f"\nerror: {stop}; {where}. Once the service is back, continue with:\n"
+              f"  {shlex.join(['agentgym', *words, '--resume'])}", file=sys.stderr)
+        return 1
     from pathlib import Path
     print(Path(result["paths"]["md"]).read_text())
     return 0
