@@ -59,3 +59,23 @@ def test_trainer_from_python_prepares_its_own(tmp_path):
     with pytest.raises(RunDirError, match="already holds"):
         Trainer(cfg).train()
     assert (used / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", ["train", "sft", "dpo"])
+def test_an_output_dir_that_cannot_be_made_is_said_before_anything_loads(tmp_path, prepared_dirs, capsys, command):
+    (tmp_path / "afile").write_text("a file where a folder would go")
+    assert main([command, "model=tiny-random", f"output_dir={tmp_path / 'afile' / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"error: RunDirError: output_dir {tmp_path / 'afile' / 'run'} cannot be " \
+        f"made: {tmp_path / 'afile'} is a file, not a directory"
+    assert "Loading weights" not in err and (tmp_path / "afile").is_file()
+
+
+def test_a_failing_mkdir_is_a_run_dir_error(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    with pytest.raises(RunDirError, match=r"output_dir .*new_run cannot be made: Permission denied"):
+        runs.prepare_output_dir(tmp_path / "new_run")

@@ -86,6 +86,12 @@ def check_output_dir(path: str | Path, *, resume: bool = False, overwrite: bool 
     out = Path(path).expanduser()
     if out.exists() and not out.is_dir():
         raise RunDirError(f"output_dir {out} is a file, not a directory")
+    if not out.exists():   # the nearest folder that exists must take a new one
+        above = next(p for p in out.absolute().parents if p.exists())
+        if not above.is_dir():
+            raise RunDirError(f"output_dir {out} cannot be made: {above} is a file, not a directory")
+        if not os.access(above, os.W_OK | os.X_OK):
+            raise RunDirError(f"output_dir {out} cannot be made: {above} is not writable")
     holder = lock_holder(out) if out.is_dir() else None
     if holder is not None:
         raise RunDirError(f"output_dir {out} is in use by a running process (pid {holder}); wait for it to "
@@ -116,7 +122,10 @@ def prepare_output_dir(path: str | Path, *, resume: bool = False, overwrite: boo
                 shutil.rmtree(p)
             else:
                 p.unlink()
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunDirError(f"output_dir {out} cannot be made: {e.strerror or e}") from None
     _lock(out)
     return out
 
