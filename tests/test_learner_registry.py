@@ -289,5 +289,5 @@ def test_readme_algorithm_trains_and_compares_through_the_cli(clean_registries, 
     finally:
         sys.modules.pop("readme_algo_mod", None)
     # an unknown algo still fails in one line, naming the registered ones
-    assert main(["train", "algo=nope", *TINY]) == 2
+    assert main(["train", "algo=nope", "env=Arithmetic-v0", *TINY]) == 2
     assert "choose from" in capsys.readouterr().err
