@@ -97,3 +97,25 @@ def test_restore_refuses_a_machine_that_has_the_study_and_a_run_without_its_log(
     (tmp_path / "runs" / "progress.json").write_text("{}")
     with pytest.raises(SystemExit, match="exists: this machine has the study"):
         rp.main(["--runs-dir", str(tmp_path / "runs"), "--raw", str(raw), "--", *STUDY])
+
+
+def test_save_keeps_the_recorded_run_when_its_folder_holds_a_retrain(tmp_path):
+    """``--retrain`` trains a finished run again in its own folder; saving must not put the new run's (partial)
+    log over the committed one: the new run's files go to RUN/retrained/."""
+    rp = _load("restore_progress")
+    runs, raw = tmp_path / "runs", tmp_path / "committed"
+    run = runs / "grpo_masked_seed0"
+    run.mkdir(parents=True)
+    (runs / "progress.json").write_text(json.dumps({"records": {}, "rl": {"grpo_masked": [{}]}}))
+    (run / "train_log.csv").write_text("step,reward\n1,0.1\n2,0.2\n")
+    (run / "config.yaml").write_text("seed: 0\n")
+    assert rp.save(runs, raw) == ["grpo_masked_seed0"]
+    assert (raw / "grpo_masked_seed0" / "train_log.csv").read_text().endswith("2,0.2\n")
+    assert rp.save(runs, raw) == ["grpo_masked_seed0"]          # unchanged: saved again in place
+    (run / "train_log.csv").write_text("step,reward\n1,0.3\n")   # the retrain, one step in
+    assert rp.save(runs, raw) == ["grpo_masked_seed0/retrained"]
+    assert (raw / "grpo_masked_seed0" / "train_log.csv").read_text().endswith("2,0.2\n")   # the recorded run kept
+    assert (raw / "grpo_masked_seed0" / "retrained" / "train_log.csv").read_text().endswith("1,0.3\n")
+    (run / "retrained.json").write_text('{"em": 0.3}')
+    assert rp.save(runs, raw) == ["grpo_masked_seed0/retrained"]
+    assert (raw / "grpo_masked_seed0" / "retrained" / "retrained.json").is_file()

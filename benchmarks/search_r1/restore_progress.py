@@ -87,12 +87,25 @@ def save(runs_dir: Path, raw: Path) -> list[str]:
     for key, runs in state["rl"].items():
         for seed in range(len(runs)):
             src, dst = runs_dir / f"{key}_seed{seed}", raw / f"{key}_seed{seed}"
-            dst.mkdir(exist_ok=True)
-            for name in RUN_FILES:
+            if _holds_a_retrain(src, dst):   # the recorded run's files stay; the new run's go beside them
+                dst = dst / "retrained"
+            dst.mkdir(parents=True, exist_ok=True)
+            for name in (*RUN_FILES, "retrained.json"):
                 if (src / name).exists():
                     shutil.copy2(src / name, dst / name)
-            copied.append(dst.name)
+            copied.append(str(dst.relative_to(raw)))
     return copied
+
+
+def _holds_a_retrain(src: Path, dst: Path) -> bool:
+    """Whether the run folder ``src`` now holds a ``--retrain`` of the finished run committed in ``dst`` (the
+    retrain writes into the same folder): it has written ``retrained.json``, or its training log is no longer
+    the committed one. A finished run's files do not change otherwise."""
+    import filecmp
+    if (src / "retrained.json").exists():
+        return True
+    log, kept = src / "train_log.csv", dst / "train_log.csv"
+    return log.exists() and kept.exists() and not filecmp.cmp(log, kept, shallow=False)
 
 
 def check(runs_dir: Path) -> int:
