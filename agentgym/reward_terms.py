@@ -131,19 +131,23 @@ def potential_shaper(name: str | None = None, *, gamma: float = 1.0,
     return wrap
 
 
+class RewardTermError(ValueError):
+    """A shaper returned something that is not a finite number (the message names the term)."""
+
+
 def term_value(name: str, value: Any) -> float:
     """A shaper's return value as a float, or a ``ValueError`` that names the term: a shaper returns a
     finite number (a bool or a 0-d tensor is fine), never a string, None or NaN — a NaN reward would reach
     the advantages and the loss unnoticed."""
     if isinstance(value, (str, bytes)) or value is None:
-        raise ValueError(f"reward term {name!r} returned {value!r}; a shaper must return a finite number")
+        raise RewardTermError(f"reward term {name!r} returned {value!r}; a shaper must return a finite number")
     try:
         out = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"reward term {name!r} returned {str(value)[:80]!r} ({type(value).__name__}); "
+        raise RewardTermError(f"reward term {name!r} returned {str(value)[:80]!r} ({type(value).__name__}); "
                          "a shaper must return a finite number") from None
     if not math.isfinite(out):
-        raise ValueError(f"reward term {name!r} returned {out}; a shaper must return a finite number")
+        raise RewardTermError(f"reward term {name!r} returned {out}; a shaper must return a finite number")
     return out
 
 
@@ -164,9 +168,11 @@ def call_term(name: str, fn: Callable[..., Any], *args: Any) -> Any:
     user's code, so its bug is shown, not hidden, but it should say which term it was)."""
     try:
         return fn(*args)
+    except RewardTermError:
+        raise   # term_value inside an @shaper: it names the term already
     except Exception as e:
-        if str(e).strip("'\"").startswith(f"reward term {name!r}") or not _rewrappable(e):
-            raise   # already names the term (term_value inside an @shaper), or cannot be rebuilt
+        if not _rewrappable(e):
+            raise
         raise type(e)(f"reward term {name!r} raised {type(e).__name__}: {e}") from e
 
 

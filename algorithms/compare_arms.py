@@ -139,15 +139,15 @@ def _check_env(env_id: str, env_kwargs: Any = None, eval_env_kwargs: Any = None)
     import gymnasium as gym
 
     import agentgym  # noqa: F401  (registers the built-in envs)
-    from agentgym.registry import check_env_kwargs, full_id
+    from agentgym.app.cli_support import check_run_env_kwargs
+    from agentgym.config import ConfigError
+    from agentgym.registry import full_id
     if full_id(env_id) not in gym.registry:
         raise CompareError(f"no env {env_id!r}; registered: {', '.join(agentgym.list_envs())}")
-    for key, kwargs in (("env_kwargs", dict(env_kwargs or {})),
-                        ("eval.env_kwargs", {**(env_kwargs or {}), **(eval_env_kwargs or {})})):
-        try:
-            check_env_kwargs(env_id, kwargs)
-        except TypeError as e:
-            raise CompareError(f"{key}: {e}") from None
+    try:
+        check_run_env_kwargs(full_id(env_id), env_kwargs, eval_env_kwargs)
+    except ConfigError as e:
+        raise CompareError(str(e)) from None
 
 
 class _PolicySource:

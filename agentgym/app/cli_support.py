@@ -68,16 +68,21 @@ def check_env_kwargs(env_id: str, *kwargs: Any, key: str = "env_kwargs") -> None
         raise ConfigError(f"{key}: {e}") from None
 
 
+def check_run_env_kwargs(env_id: str, env_kwargs: Any, eval_env_kwargs: Any = None) -> None:
+    """A run's env arguments: the training env's, and the held-out eval's (its ``eval.env_kwargs`` over them)."""
+    check_env_kwargs(env_id, env_kwargs)
+    if eval_env_kwargs:
+        check_env_kwargs(env_id, env_kwargs, eval_env_kwargs, key="eval.env_kwargs")
+
+
 def validate_run(cfg: Any) -> None:
     """What can be checked before a model is loaded: the env is registered and takes these arguments,
     the model spec exists (config values themselves are checked when the config is built)."""
     from agentgym.config import ConfigError
     from agentgym.policies.loading import check_model_spec
     env_id = require_env(cfg.env)
-    check_env_kwargs(env_id, getattr(cfg, "env_kwargs", None))
-    held_out = getattr(getattr(cfg, "eval", None), "env_kwargs", None)
-    if held_out:
-        check_env_kwargs(env_id, getattr(cfg, "env_kwargs", None), held_out, key="eval.env_kwargs")
+    check_run_env_kwargs(env_id, getattr(cfg, "env_kwargs", None),
+                         getattr(getattr(cfg, "eval", None), "env_kwargs", None))
     try:
         check_model_spec(cfg.model)
     except FileNotFoundError as e:

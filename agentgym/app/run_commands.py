@@ -46,15 +46,26 @@ def _versioned(cfg: Any, args: argparse.Namespace, command: str,
     return cfg
 
 
+def _continue_command(args: argparse.Namespace, *where: str) -> str:
+    """The command that continues a stopped run: what the user typed (without --resume / --overwrite), ``where``
+    (the words that name its output folder, when the user did not), and --resume."""
+    import shlex
+    words = [w for w in getattr(args, "argv", []) if w not in ("--resume", "--overwrite")]
+    return shlex.join(["agentgym", *words, *where, "--resume"])
+
+
 def _resume_command(args: argparse.Namespace, output_dir: str) -> str:
     """The command that continues this run: what the user typed, with its output_dir and --resume."""
-    import shlex
-
     from agentgym.app.runs import output_dir_was_given
-    words = [w for w in getattr(args, "argv", []) if w not in ("--resume", "--overwrite")]
-    if not output_dir_was_given(args.config, list(args.overrides or [])):
-        words.append(f"output_dir={output_dir}")
-    return shlex.join(["agentgym", *words, "--resume"])
+    given = output_dir_was_given(args.config, list(args.overrides or []))
+    return _continue_command(args, *([] if given else [f"output_dir={output_dir}"]))
+
+
+def _say_outage(stop: Any, command: str) -> int:
+    """A run stopped by :class:`ServiceOutage`: the error, its checkpoint and the command that goes on; exit 1."""
+    where = f"checkpoint {stop.checkpoint}" if stop.checkpoint is not None else "no checkpoint"
+    print(f"\nerror: {stop}; {where}. Once the service is back, continue with:\n  {command}", file=sys.stderr)
+    return 1
 
 
 def _say_finished(out: str, steps: int, evals: dict[str, Any]) -> None:
@@ -102,10 +113,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"  {_resume_command(args, cfg.output_dir)}", file=sys.stderr)
         return 130
     except ServiceOutage as stop:
-        where = f"checkpoint {stop.checkpoint}" if stop.checkpoint is not None else "no checkpoint"
-        print(f"\nerror: {stop}; {where}. Once the service is back, continue with:\n"
-              f"  {_resume_command(args, cfg.output_dir)}", file=sys.stderr)
-        return 1
+        return _say_outage(stop, _resume_command(args, cfg.output_dir))
     finally:
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
@@ -151,14 +159,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          resume=args.resume, threshold=args.threshold, overwrite=args.overwrite,
                          report_only=args.report_only)
     except ServiceOutage as stop:   # the finished runs are kept; the stopped one goes on from its checkpoint
-        import shlex
-        words = [w for w in getattr(args, "argv", []) if w not in ("--resume", "--overwrite")]
-        if "--out" not in words and not any(w.startswith("--out=") for w in words):
-            words += ["--out", str(args.out)]
-        where = f"checkpoint {stop.checkpoint}" if stop.checkpoint is not None else "no checkpoint"
-        print(f"\nerror: {stop}; {where}. Once the service is back, continue with:\n"
-              f"  {shlex.join(['agentgym', *words, '--resume'])}", file=sys.stderr)
-        return 1
+        typed = getattr(args, "argv", [])
+        given = "--out" in typed or any(w.startswith("--out=") for w in typed)
+        return _say_outage(stop, _continue_command(args, *([] if given else ["--out", str(args.out)])))
     from pathlib import Path
     print(Path(result["paths"]["md"]).read_text())
     return 0
