@@ -39,7 +39,7 @@ compare() { nice -n 10 agentgym --threads 1 compare --algos "$ARMS" "$@"; }
 # re-score is not, and the SFT model's (what they pair with). The committed re-scores are taken over first,
 # so a new machine re-scores only what was never scored.
 rescore_pending() {
-  local dir="$RUNS/search_r1_v2" name
+  local dir="$RUNS/search_r1_v2" name final
   [ -f "$dir/progress.json" ] || return 0
   mkdir -p "$dir/rescore"
   if compgen -G "$RAW/search_r1_v2_runs/rescore/*.json" > /dev/null; then
@@ -58,6 +58,9 @@ PY
   ); do
     [ -f "$dir/rescore/$name.json" ] && continue
     compgen -G "$dir/$name/checkpoints/step_*/model" > /dev/null || { echo "no weights of $name here: not re-scored"; continue; }
+    # a --retrain stopped part way leaves an early checkpoint: only the final step's weights are the run's
+    final=$(printf 'step_%06d' "$(python -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['steps'])" "$dir/$name/config.yaml")")
+    [ -d "$dir/$name/checkpoints/$final/model" ] || { echo "$name has not reached its last step ($final): not re-scored yet"; continue; }
     RUNS="$RUNS" bash benchmarks/search_r1/rescore_sampled.sh "$name" "$dir/$name"
   done
 }
