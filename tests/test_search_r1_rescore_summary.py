@@ -156,6 +156,24 @@ def test_studies_rescore_takes_over_committed_rescores_and_skips_runs_without_we
     assert "ppo_masked_seed0" not in r.stdout   # already scored: not named, not evaluated
 
 
+def test_studies_rescore_waits_for_a_run_stopped_part_way(tmp_path):
+    """A `--retrain` stopped at step 10 of 30 leaves an early checkpoint with weights: those are not the run's,
+    so it is named and not re-scored (re-scoring it would record a partly trained model as the arm's)."""
+    raw, runs = tmp_path / "raw", tmp_path / "runs"
+    _write(raw / "search_r1_v2_runs" / "rescore", "sft", {0: 0.0, 1: 1.0})
+    v2 = runs / "search_r1_v2"
+    v2.mkdir(parents=True)
+    row = {"task_index": 0, "type": "single_hop", "em": 1.0}
+    (v2 / "progress.json").write_text(json.dumps({"records": {"sft": [[row]], "grpo_masked": [[row]]}}))
+    run = v2 / "grpo_masked_seed0"
+    (run / "checkpoints" / "step_000010" / "model").mkdir(parents=True)
+    (run / "config.yaml").write_text("steps: 30\ncheckpoint_every: 5\n")
+    r = _studies("rescore", runs=runs, raw=raw)
+    assert r.returncode == 0, r.stderr
+    assert "grpo_masked_seed0 has not reached its last step (step_000030)" in r.stdout
+    assert sorted(p.name for p in (v2 / "rescore").iterdir()) == ["sft.json"]
+
+
 def test_studies_save_commits_rescores_without_their_trajectories(tmp_path):
     raw, runs = tmp_path / "raw", tmp_path / "runs"
     _write(runs / "search_r1_v2" / "rescore", "sft", {0: 1.0})
