@@ -108,6 +108,8 @@ def test_corpus_accepts_search_r1_rows_and_names_bad_ones(tmp_path: Path):
         Corpus.from_jsonl(path)
     with pytest.raises(FileNotFoundError):
         Corpus.from_jsonl(tmp_path / "missing.jsonl")
+    with pytest.raises(FileNotFoundError, match="is a directory, not a .jsonl file"):
+        Corpus.from_jsonl(tmp_path)   # the folder the corpus is in, named by mistake
     gz = tmp_path / "corpus.jsonl.gz"
     with gzip.open(gz, "wt", encoding="utf-8") as f:
         f.write('{"id": "a", "contents": "\\"Ünï\\"\\ncode"}\n')

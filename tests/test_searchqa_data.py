@@ -288,6 +288,8 @@ def test_corpus_jsonl_errors(tmp_path):
     assert load_corpus_jsonl(p) == [{"id": "0", "contents": '"A"\nx'}]
     with pytest.raises(FileNotFoundError):
         load_corpus_jsonl(tmp_path / "missing.jsonl")
+    with pytest.raises(FileNotFoundError, match="is a directory, not a .jsonl file"):
+        load_corpus_jsonl(tmp_path)
 
 
 def test_split_title():

@@ -136,17 +136,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _int_list(text: str, what: str) -> int | list[int]:
     """``"3"`` → 3; ``"0,5"`` → [0, 5] (a comma makes it a list); a one-line error otherwise."""
+    from agentgym.algorithms.compare_arms import CompareError
     try:
         return [int(x) for x in text.split(",") if x.strip()] if "," in text else int(text)
     except ValueError:
-        raise ValueError(f"{what} must be an integer or a comma-separated list of integers, got {text!r}") from None
+        raise CompareError(f"{what} must be an integer or a comma-separated list of integers, got {text!r}") from None
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from agentgym.algorithms.compare import compare
+    from agentgym.algorithms.compare_arms import CompareError
     steps = _int_list(args.steps, "--steps")
     if not isinstance(steps, int):
-        raise ValueError(f"--steps must be one integer, got {args.steps!r}")
+        raise CompareError(f"--steps must be one integer, got {args.steps!r}")
     if args.out is None:
         from agentgym.app.runs import default_output_dir
         args.out = str(default_output_dir("runs/compare", resume=args.resume or args.report_only,

@@ -126,6 +126,8 @@ class Corpus:
 def iter_jsonl(path: PathLike) -> Iterator[dict[str, Any]]:
     """Rows of a ``.jsonl`` (or ``.jsonl.gz``) file; blank lines are skipped, bad lines name their number."""
     path = Path(path)
+    if path.is_dir():
+        raise FileNotFoundError(f"corpus {path} is a directory, not a .jsonl file")
     if not path.is_file():
         raise FileNotFoundError(f"corpus file not found: {path}")
     opener = gzip.open if path.suffix == ".gz" else open

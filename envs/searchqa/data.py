@@ -79,6 +79,8 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
 def load_corpus_jsonl(path: PathLike) -> list[dict[str, str]]:
     """Read a Search-R1 corpus (one ``{"id", "contents"}`` object per line; ids become strings)."""
     path = Path(path)
+    if path.is_dir():
+        raise FileNotFoundError(f"corpus {path} is a directory, not a .jsonl file")
     if not path.is_file():
         raise FileNotFoundError(f"corpus file not found: {path}")
     docs = []
