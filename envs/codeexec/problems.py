@@ -20,12 +20,12 @@ solutions were written for this project.
 from __future__ import annotations
 
 import ast
-import gzip
 import hashlib
-import json
 import textwrap
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+from agentgym.jsonl import read_jsonl
 
 __all__ = ["ProblemFormatError", "bundled_problems", "load_problems", "load_humaneval_jsonl", "load_mbpp_jsonl",
            "load_agentgym_jsonl", "detect_format", "validate_problem", "BUNDLED_PATH", "SPLITS", "split_of",
@@ -52,25 +52,7 @@ def _where(path: str | Path, lineno: int | None) -> str:
 
 def _rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line of a ``.jsonl`` or ``.jsonl.gz`` file."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"no problem file at {p}")
-    opener: Callable[..., Any] = gzip.open if p.suffix == ".gz" else open
-    try:
-        with opener(p, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ProblemFormatError(
-                        f"{_where(p, lineno)}: not valid JSON ({e.msg} at column {e.colno})") from None
-                if not isinstance(obj, dict):
-                    raise ProblemFormatError(f"{_where(p, lineno)}: expected a JSON object, got {type(obj).__name__}")
-                yield lineno, obj
-    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as e:
-        raise ProblemFormatError(f"{p}: cannot be read as UTF-8 jsonl ({e})") from None
+    return read_jsonl(path, what="problem", error=ProblemFormatError)
 
 
 def _require(obj: dict[str, Any], keys: tuple[str, ...], fmt: str, where: str) -> None:

@@ -7,7 +7,6 @@ arXiv 2503.09516): a corpus is jsonl with one passage per line, ``{"id": "0", "c
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from abc import ABC, abstractmethod
@@ -15,6 +14,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
+
+from agentgym.jsonl import read_jsonl
 
 PathLike = str | os.PathLike[str]
 
@@ -124,21 +125,10 @@ class Corpus:
 
 
 def iter_jsonl(path: PathLike) -> Iterator[dict[str, Any]]:
-    """Rows of a ``.jsonl`` (or ``.jsonl.gz``) file; blank lines are skipped, bad lines name their number."""
-    path = Path(path)
-    if path.is_dir():
-        raise FileNotFoundError(f"corpus {path} is a directory, not a .jsonl file")
-    if not path.is_file():
-        raise FileNotFoundError(f"corpus file not found: {path}")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+    """Rows of a corpus ``.jsonl`` (or ``.jsonl.gz``) file, streamed; bad lines name their number
+    (:func:`agentgym.jsonl.read_jsonl`)."""
+    for _, obj in read_jsonl(path, what="corpus"):
+        yield obj
 
 
 def read_meta(path: PathLike) -> dict[str, Any]:

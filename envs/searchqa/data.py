@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+from agentgym.jsonl import read_jsonl
 from agentgym.rewards import gold_answers
 from agentgym.envs.searchqa.questions import DEFAULT_MIX, make_questions, question_pool_sizes
 from agentgym.envs.searchqa.world import build_world
@@ -62,29 +63,15 @@ def split_title(contents: str, strip_quotes: bool = True) -> tuple[str, str]:
     return title, "\n".join(lines[1:])
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetFormatError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(obj, dict):
-                raise DatasetFormatError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
+def _iter_jsonl(path: Path, what: str) -> Iterator[tuple[int, dict]]:
+    return read_jsonl(path, what=what, error=DatasetFormatError)
 
 
 def load_corpus_jsonl(path: PathLike) -> list[dict[str, str]]:
     """Read a Search-R1 corpus (one ``{"id", "contents"}`` object per line; ids become strings)."""
     path = Path(path)
-    if path.is_dir():
-        raise FileNotFoundError(f"corpus {path} is a directory, not a .jsonl file")
-    if not path.is_file():
-        raise FileNotFoundError(f"corpus file not found: {path}")
     docs = []
-    for lineno, obj in _iter_jsonl(path):
+    for lineno, obj in _iter_jsonl(path, "corpus"):
         if "contents" not in obj or not isinstance(obj["contents"], str):
             raise DatasetFormatError(f"{path}:{lineno}: a corpus line needs a string 'contents' field")
         if "id" not in obj or isinstance(obj["id"], (dict, list)) or obj["id"] is None:
@@ -271,11 +258,9 @@ def _prompt_messages(prompt: Any, path: Path, i: int) -> list[dict[str, str]]:
 def load_flashrag_jsonl(path: PathLike, data_source: str | None = None) -> list[dict]:
     """Question rows from a FlashRAG jsonl file (``{"id", "question", "golden_answers": [...]}``)."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"FlashRAG file not found: {path}")
     source = data_source or path.parent.name
     rows = []
-    for lineno, obj in _iter_jsonl(path):
+    for lineno, obj in _iter_jsonl(path, "FlashRAG"):
         q, golds = obj.get("question"), obj.get("golden_answers")
         if not isinstance(q, str) or not q.strip():
             raise DatasetFormatError(f"{path}:{lineno}: 'question' must be a non-empty string")
