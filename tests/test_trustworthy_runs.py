@@ -166,20 +166,20 @@ def test_thread_choice(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert choose_threads()[0] == 1
     monkeypatch.delenv("OMP_NUM_THREADS")
-    import agentgym.app.cli as cli
+    import agentgym.threads as threads   # the choice and its measure (agentgym.app.cli re-exports the choice)
     cores = len(os.sched_getaffinity(0))
-    monkeypatch.setattr(cli, "_busy_cores_now", lambda: 50.0)
+    monkeypatch.setattr(threads, "busy_cores_now", lambda: 50.0)
     monkeypatch.setattr(os, "getloadavg", lambda: (50.0, 0.0, 0.0))
     assert choose_threads()[0] == 1            # every core busy: one thread
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert choose_threads()[0] == cores        # the load average says idle
     # right after setup.sh the 1-minute average still counts it; the cores idle *now* decide
     monkeypatch.setattr(os, "getloadavg", lambda: (float(cores), 0.0, 0.0))
-    monkeypatch.setattr(cli, "_busy_cores_now", lambda: 0.1)
+    monkeypatch.setattr(threads, "busy_cores_now", lambda: 0.1)
     assert choose_threads()[0] == cores
-    monkeypatch.setattr(cli, "_busy_cores_now", lambda: None)    # no /proc/stat: the load average
+    monkeypatch.setattr(threads, "busy_cores_now", lambda: None)    # no /proc/stat: the load average
     assert choose_threads()[0] == 1
-    monkeypatch.setattr(cli, "_busy_cores_now", lambda: float(cores))
+    monkeypatch.setattr(threads, "busy_cores_now", lambda: float(cores))
     monkeypatch.setattr(os, "getloadavg", lambda: (float(cores), 0.0, 0.0))
     n, why = choose_threads()
     assert n == 1 and "busy now" in why
@@ -188,7 +188,7 @@ def test_thread_choice(monkeypatch):
 def test_busy_cores_now_sees_a_busy_core():
     """The real /proc/stat measure: a spinning child process shows up as (about) one busy core."""
     import subprocess
-    from agentgym.app.cli import _busy_cores_now
+    from agentgym.threads import busy_cores_now as _busy_cores_now
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         import time

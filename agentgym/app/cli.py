@@ -15,6 +15,7 @@ from typing import Sequence
 
 from agentgym.app.commands import cmd_sandbox
 from agentgym.app.parser import build_parser
+from agentgym.threads import choose_threads   # re-exported: the app's thread choice lives with the governor
 
 __all__ = ["main", "build_parser", "choose_threads", "flags_as_overrides", "parse_command_line"]
 
@@ -138,50 +139,6 @@ def _where(e: BaseException) -> str:
         return ""
     frames = traceback.extract_tb(e.__traceback__)
     return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-
-
-def _busy_cores_now(window_s: float = 0.3) -> float | None:
-    """Cores busy with other work right now: the non-idle share of ``/proc/stat``'s CPU time over
-    ``window_s`` (this process sleeps meanwhile) × the core count; None where there is no /proc/stat."""
-    import time
-
-    from agentgym.threads import machine_cpu_times
-    a = machine_cpu_times()
-    if a is None:
-        return None
-    time.sleep(window_s)
-    b = machine_cpu_times()
-    if b is None or b[0] <= a[0]:
-        return None
-    busy_share = 1.0 - (b[1] - a[1]) / (b[0] - a[0])
-    return max(0.0, busy_share) * (os.cpu_count() or 1)
-
-
-def choose_threads(requested: int | None = None) -> tuple[int, str]:
-    """Torch CPU threads for this process, and why.
-
-    Measured on a 2-core machine (see benchmarks/RESULTS.md): with other work on the cores, two torch
-    threads made SmolLM2 2.4–5× *slower* than one (threads spin waiting for a busy core). So the default
-    is the cores not already busy, at least 1. "Busy" is the smaller of the 1-minute load average and the
-    cores busy right now (``/proc/stat`` over 0.3 s): the load average alone lags by a minute, so right
-    after ``scripts/setup.sh`` (the README's main command runs the two back to back) it read 0.7 on an
-    otherwise idle machine and cost the default job 364 s with one thread instead of 220 s with two
-    (benchmarks/RESULTS.md). An explicit ``--threads N`` or ``OMP_NUM_THREADS`` always wins.
-    """
-    if requested is not None:
-        return max(1, requested), "--threads"
-    env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if env.isdigit() and int(env) > 0:
-        return int(env), "OMP_NUM_THREADS"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        load = 0.0
-    now = _busy_cores_now()
-    busy = load if now is None else min(load, now)
-    why = f"{cores} cores, load {load:.1f}" + ("" if now is None else f", {now:.1f} busy now")
-    return max(1, min(cores, cores - int(round(busy)))), why
 
 
 if __name__ == "__main__":

@@ -105,11 +105,11 @@ def print_metrics(metrics: dict[str, float], title: str, std: dict[str, float] |
 
 
 def set_threads(requested: int | None, verbose: bool) -> None:
-    """Set the count :func:`agentgym.app.cli.choose_threads` gives and install the governor that re-checks it between
+    """Set the count :func:`agentgym.threads.choose_threads` gives and install the governor that re-checks it between
     steps and eval batches (:mod:`agentgym.threads`); a count the user chose stays fixed."""
     from tqdm import tqdm
 
-    from agentgym.app.cli import choose_threads
+    from agentgym.threads import choose_threads
     from agentgym.threads import ThreadGovernor, install
     n, why = choose_threads(requested)
     fixed = why in ("--threads", "OMP_NUM_THREADS")
