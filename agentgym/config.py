@@ -26,6 +26,32 @@ class ConfigError(ValueError):
     pass
 
 
+def _key_hint(key: str, names: Collection[str], hints: Mapping[str, Any], section: str) -> str:
+    """`` (did you mean 'steps'?)`` for a mistyped key: the closest key of this section or of the configs
+    nested in it, two levels down (``lr`` at the top level: ``learner.lr``; ``rollout.max_new_token``:
+    ``rollout.sampling.max_new_tokens``); a key of this section comes alone, a nested key that stands in
+    several sections is named in each. Empty when nothing is close."""
+    import difflib
+
+    pool: dict[str, list[str]] = {name: [name] for name in sorted(names)}
+    level = [("", hints)]
+    for _ in range(2):
+        deeper = []
+        for prefix, level_hints in level:
+            for name, tp in sorted(level_hints.items()):
+                if dataclasses.is_dataclass(tp):
+                    sub_hints = typing.get_type_hints(tp)
+                    for f in dataclasses.fields(tp):
+                        if f.init and f.name not in names:
+                            pool.setdefault(f.name, []).append(f"{prefix}{name}.{f.name}")
+                    deeper.append((f"{prefix}{name}.", sub_hints))
+        level = deeper
+    close = difflib.get_close_matches(key, list(pool), n=1)
+    if not close:
+        return ""
+    return f" (did you mean {' or '.join(repr(_join(section, path)) for path in pool[close[0]])}?)"
+
+
 def _join(section: str, key: str) -> str:
     """The dotted path of ``key`` inside ``section`` (``""`` is the top level).
 
@@ -160,8 +186,8 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
         for k in sorted(unknown):
             if k in removed:
                 raise ConfigError(f"{_join(section, k)}: {removed[k]}")
-        raise ConfigError(f"unknown config key(s) {', '.join(_join(section, k) for k in sorted(unknown))}; "
-                          f"valid: {', '.join(sorted(names))}")
+        named = ", ".join(_join(section, k) + _key_hint(k, names, hints, section) for k in sorted(unknown))
+        raise ConfigError(f"unknown config key(s) {named}; valid: {', '.join(sorted(names))}")
     kwargs = {k: _coerce(v, hints[k], _join(section, k)) for k, v in data.items()}
     try:
         return cls(**kwargs)

@@ -54,6 +54,31 @@ def test_paths_in_messages(data, message):
     assert ".:" not in str(e.value) and ".." not in str(e.value)
 
 
+@pytest.mark.parametrize("data, hint", [
+    ({"yy": 1}, "unknown config key(s) yy (did you mean 'y'?); valid: mid, y"),         # a typo at this level
+    ({"x": 1}, "unknown config key(s) x (did you mean 'mid.leaf.x'?); valid: mid, y"),  # a key two levels down
+    ({"mid": {"lef": {}}}, "unknown config key(s) mid.lef (did you mean 'mid.leaf'?); valid: leaf"),
+    ({"zzz": 1}, "unknown config key(s) zzz; valid: mid, y"),                          # nothing close: no guess
+])
+def test_an_unknown_key_gets_the_closest_known_one(data, hint):
+    with pytest.raises(ConfigError) as e:
+        from_dict(_Top, data)
+    assert str(e.value) == hint
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("lr=1e-5", "unknown config key(s) lr (did you mean 'learner.lr'?)"),
+    ("stepz=3", "unknown config key(s) stepz (did you mean 'steps'?)"),
+    ("rollout.max_new_token=8", "(did you mean 'rollout.sampling.max_new_tokens'?)"),
+    ("temperature=0.7", "(did you mean 'learner.temperature' or 'rollout.sampling.temperature'?)"),
+])
+def test_train_config_hints_name_the_section_a_key_lives_in(override, hint):
+    from agentgym.algorithms.config import TrainConfig
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, overrides=[override])
+    assert hint in str(e.value)
+
+
 def test_a_trailing_dot_prefix_is_still_accepted():
     """``prefix`` used to be passed as ``"section."``; that spelling gives the same message."""
     with pytest.raises(ConfigError, match=r"^outer\.mid\.leaf: x must be >= 0"):
