@@ -40,7 +40,10 @@ def _key_hint(key: str, names: Collection[str], hints: Mapping[str, Any], sectio
         for prefix, level_hints in level:
             for name, tp in sorted(level_hints.items()):
                 if dataclasses.is_dataclass(tp):
-                    sub_hints = typing.get_type_hints(tp)
+                    try:
+                        sub_hints = typing.get_type_hints(tp)
+                    except Exception:   # a hint that does not resolve: no guess from there, the error stands
+                        continue
                     for f in dataclasses.fields(tp):
                         if f.init and f.name not in names:
                             pool.setdefault(f.name, []).append(f"{prefix}{name}.{f.name}")

@@ -70,7 +70,7 @@ def choose_threads(requested: int | None = None) -> tuple[int, str]:
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
     if env.isdigit() and int(env) > 0:
         return int(env), "OMP_NUM_THREADS"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = _cores()
     try:
         load = os.getloadavg()[0]
     except OSError:
