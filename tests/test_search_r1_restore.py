@@ -101,7 +101,8 @@ def test_restore_refuses_a_machine_that_has_the_study_and_a_run_without_its_log(
 
 def test_save_keeps_the_recorded_run_when_its_folder_holds_a_retrain(tmp_path):
     """``--retrain`` trains a finished run again in its own folder; saving must not put the new run's (partial)
-    log over the committed one: the new run's files go to RUN/retrained/."""
+    log over the committed one: the new run's files go to RUN/retrained/ once it has finished, and a retrain
+    still under way (or stopped part way) is not saved at all."""
     rp = _load("restore_progress")
     runs, raw = tmp_path / "runs", tmp_path / "committed"
     run = runs / "grpo_masked_seed0"
@@ -113,9 +114,12 @@ def test_save_keeps_the_recorded_run_when_its_folder_holds_a_retrain(tmp_path):
     assert (raw / "grpo_masked_seed0" / "train_log.csv").read_text().endswith("2,0.2\n")
     assert rp.save(runs, raw) == ["grpo_masked_seed0"]          # unchanged: saved again in place
     (run / "train_log.csv").write_text("step,reward\n1,0.3\n")   # the retrain, one step in
-    assert rp.save(runs, raw) == ["grpo_masked_seed0/retrained"]
+    assert rp.save(runs, raw) == []                              # under way: nothing of it is a result yet
     assert (raw / "grpo_masked_seed0" / "train_log.csv").read_text().endswith("2,0.2\n")   # the recorded run kept
-    assert (raw / "grpo_masked_seed0" / "retrained" / "train_log.csv").read_text().endswith("1,0.3\n")
-    (run / "retrained.json").write_text('{"em": 0.3}')
+    assert not (raw / "grpo_masked_seed0" / "retrained").exists()
+    (run / "train_log.csv").write_text("step,reward\n1,0.3\n2,0.4\n")
+    (run / "retrained.json").write_text('{"em": 0.3}')             # the retrain finished
     assert rp.save(runs, raw) == ["grpo_masked_seed0/retrained"]
+    assert (raw / "grpo_masked_seed0" / "train_log.csv").read_text().endswith("2,0.2\n")
+    assert (raw / "grpo_masked_seed0" / "retrained" / "train_log.csv").read_text().endswith("2,0.4\n")
     assert (raw / "grpo_masked_seed0" / "retrained" / "retrained.json").is_file()

@@ -88,6 +88,9 @@ def save(runs_dir: Path, raw: Path) -> list[str]:
         for seed in range(len(runs)):
             src, dst = runs_dir / f"{key}_seed{seed}", raw / f"{key}_seed{seed}"
             if _holds_a_retrain(src, dst):   # the recorded run's files stay; the new run's go beside them
+                if not (src / "retrained.json").exists():   # still training (or stopped part way): not a result
+                    print(f"{src.name}: a --retrain is under way (no retrained.json yet): its files are not saved")
+                    continue
                 dst = dst / "retrained"
             dst.mkdir(parents=True, exist_ok=True)
             for name in (*RUN_FILES, "retrained.json"):
