@@ -48,6 +48,9 @@ rescore_pending() {
   if [ ! -f "$dir/rescore/sft.json" ] && [ -d "$SFT_MODEL" ]; then
     RUNS="$RUNS" bash benchmarks/search_r1/rescore_sampled.sh sft "$SFT_MODEL"
   fi
+  if [ ! -f "$dir/rescore/rag_sft.json" ] && [ -d "$SFT_MODEL" ]; then   # one-shot RAG, SFT model, sampled
+    RUNS="$RUNS" RETRIEVAL=rag bash benchmarks/search_r1/rescore_sampled.sh rag_sft "$SFT_MODEL"
+  fi
   for name in $(python - "$dir/progress.json" <<'PY'
 import json, sys
 records = json.load(open(sys.argv[1]))["records"]
@@ -105,11 +108,11 @@ case "${1:-}" in
     RESCORE="$RUNS/search_r1_v2/rescore"
     if [ -f "$RESCORE/sft.json" ]; then   # the sampled re-scores, per arm and over seeds; arm pairs once both exist
       PAIRS=()
-      for pair in "grpo_masked grpo_unmasked" "grpo_masked ppo_masked"; do
+      scored() { compgen -G "$RESCORE/$1_seed*.json" > /dev/null || [ -f "$RESCORE/$1.json" ]; }
+      for pair in "grpo_masked grpo_unmasked" "grpo_masked ppo_masked" "ppo_masked grpo_unmasked" \
+                  "grpo_masked rag_sft" "ppo_masked rag_sft"; do
         read -r a b <<< "$pair"
-        if compgen -G "$RESCORE/${a}_seed*.json" > /dev/null && compgen -G "$RESCORE/${b}_seed*.json" > /dev/null; then
-          PAIRS+=(--pair "$a" "$b")
-        fi
+        if scored "$a" && scored "$b"; then PAIRS+=(--pair "$a" "$b"); fi
       done
       python benchmarks/search_r1/rescore_summary.py --dir "$RESCORE" "${PAIRS[@]}" \
         --json "$RUNS/search_r1_v2/rescore_summary.json" | tee "$RUNS/search_r1_v2/rescore_summary.md"
