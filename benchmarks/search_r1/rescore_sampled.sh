@@ -22,7 +22,10 @@ OUT="$RUNS/search_r1_v2/rescore"
 mkdir -p "$OUT"
 TASKS=$(python -c "import json,sys; d=json.load(open(sys.argv[1])); r=d['records']['sft']; r=r[0] if isinstance(r[0], list) else r; print(json.dumps(sorted(x['task_index'] for x in r)).replace(' ', ''))" "$RUNS/search_r1_v2/progress.json")
 PAIR=()
-if [ "$NAME" != sft ] && [ -f "$OUT/sft.json" ]; then PAIR=(--paired-with "$OUT/sft.json"); fi
+# (eval pairs only runs of the same env settings; RAG's differ, so rescore_summary.py pairs it per question)
+if [ "$NAME" != sft ] && [ "${RETRIEVAL:-agentic}" = agentic ] && [ -f "$OUT/sft.json" ]; then
+  PAIR=(--paired-with "$OUT/sft.json")
+fi
 nice -n 10 agentgym --threads 1 eval SearchQA-v0 --policy "$POLICY" --split test "tasks=$TASKS" --group-size 4 --seed 0 \
   --max-new-tokens 48 --temperature 1.0 --top-p 0.95 --max-obs-tokens 500 --max-context-tokens 2048 \
   -e protocol=search_r1 -e retriever=dense -e topk=3 "${MODE[@]}" \
