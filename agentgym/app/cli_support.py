@@ -109,8 +109,7 @@ def set_threads(requested: int | None, verbose: bool) -> None:
     steps and eval batches (:mod:`agentgym.threads`); a count the user chose stays fixed."""
     from tqdm import tqdm
 
-    from agentgym.threads import choose_threads
-    from agentgym.threads import ThreadGovernor, install
+    from agentgym.threads import ThreadGovernor, choose_threads, install
     n, why = choose_threads(requested)
     fixed = why in ("--threads", "OMP_NUM_THREADS")
     install(ThreadGovernor(n, fixed=fixed, log=tqdm.write if verbose else (lambda _msg: None)))
