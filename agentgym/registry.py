@@ -19,7 +19,8 @@ from typing import Any, Callable
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["NAMESPACE", "register", "make", "list_envs", "spec", "full_id", "check_env_kwargs"]
+__all__ = ["NAMESPACE", "register", "make", "list_envs", "spec", "full_id", "check_env_kwargs",
+           "check_run_env_kwargs"]
 
 NAMESPACE = "agentgym"
 _REGISTER_OPTIONS = {"reward_threshold", "nondeterministic", "max_episode_steps", "order_enforce",
@@ -99,6 +100,24 @@ def check_env_kwargs(id: str, kwargs: dict[str, Any]) -> None:
     for key, value in kwargs.items():
         if key in hints and not _fits(value, hints[key]):
             raise TypeError(f"{name}: {key} must be {_describe(hints[key])}, got {value!r}"[:300])
+
+
+
+def check_run_env_kwargs(id: str, env_kwargs: Any, eval_env_kwargs: Any = None) -> None:
+    """A run's env arguments, before any model loads: the training env's (``env_kwargs``), and the held-out
+    eval's (``eval_env_kwargs`` over them), each by :func:`check_env_kwargs`. A slip is a usage error, a
+    ``ConfigError`` that names the setting: ``env_kwargs: Math-v0: no argument 'max_turn' ...``."""
+    from agentgym.config import ConfigError
+
+    def check(key: str, kwargs: dict[str, Any]) -> None:
+        try:
+            check_env_kwargs(id, kwargs)
+        except TypeError as e:
+            raise ConfigError(f"{key}: {e}") from None
+
+    check("env_kwargs", dict(env_kwargs or {}))
+    if eval_env_kwargs:
+        check("eval.env_kwargs", {**(env_kwargs or {}), **eval_env_kwargs})
 
 
 def _fits(value: Any, hint: Any) -> bool:

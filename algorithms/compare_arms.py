@@ -139,9 +139,8 @@ def _check_env(env_id: str, env_kwargs: Any = None, eval_env_kwargs: Any = None)
     import gymnasium as gym
 
     import agentgym  # noqa: F401  (registers the built-in envs)
-    from agentgym.app.cli_support import check_run_env_kwargs
     from agentgym.config import ConfigError
-    from agentgym.registry import full_id
+    from agentgym.registry import check_run_env_kwargs, full_id
     if full_id(env_id) not in gym.registry:
         raise CompareError(f"no env {env_id!r}; registered: {', '.join(agentgym.list_envs())}")
     try:

@@ -54,32 +54,12 @@ def load_policy(spec: str, env_id: str | None = None, *, device: str | None = No
         raise ConfigError(f"policy: {e}") from None
 
 
-def check_env_kwargs(env_id: str, *kwargs: Any, key: str = "env_kwargs") -> None:
-    """The env's constructor arguments (each mapping over the one before), checked by name and plain type
-    before any model loads (:func:`agentgym.registry.check_env_kwargs`); a slip is a usage error."""
-    from agentgym.config import ConfigError
-    from agentgym.registry import check_env_kwargs as check
-    merged: dict[str, Any] = {}
-    for part in kwargs:
-        merged.update(part or {})
-    try:
-        check(env_id, merged)
-    except TypeError as e:
-        raise ConfigError(f"{key}: {e}") from None
-
-
-def check_run_env_kwargs(env_id: str, env_kwargs: Any, eval_env_kwargs: Any = None) -> None:
-    """A run's env arguments: the training env's, and the held-out eval's (its ``eval.env_kwargs`` over them)."""
-    check_env_kwargs(env_id, env_kwargs)
-    if eval_env_kwargs:
-        check_env_kwargs(env_id, env_kwargs, eval_env_kwargs, key="eval.env_kwargs")
-
-
 def validate_run(cfg: Any) -> None:
     """What can be checked before a model is loaded: the env is registered and takes these arguments,
     the model spec exists (config values themselves are checked when the config is built)."""
     from agentgym.config import ConfigError
     from agentgym.policies.loading import check_model_spec
+    from agentgym.registry import check_run_env_kwargs
     env_id = require_env(cfg.env)
     check_run_env_kwargs(env_id, getattr(cfg, "env_kwargs", None),
                          getattr(getattr(cfg, "eval", None), "env_kwargs", None))

@@ -10,8 +10,8 @@ import math
 import sys
 from typing import Any, Sequence
 
-from agentgym.app.cli_support import (check_env_kwargs, load_policy, parse_kv, print_metrics, require_env,
-                                      set_threads)
+from agentgym.app.cli_support import load_policy, parse_kv, print_metrics, require_env, set_threads
+from agentgym.registry import check_run_env_kwargs
 
 __all__ = ["cmd_list", "cmd_play", "cmd_check", "cmd_eval", "cmd_sandbox", "cmd_retriever_build",
            "cmd_retriever_serve", "cmd_retriever_prep"]
@@ -242,7 +242,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agentgym.rollout import summarize
     cfg = _eval_config(args)
     env_id = require_env(cfg.env)
-    check_env_kwargs(env_id, cfg.env_kwargs)
+    check_run_env_kwargs(env_id, cfg.env_kwargs)
     baseline = _eval_baseline(cfg, env_id)  # before the eval: a wrong file is said at once, not after it
     _prepare_outputs(cfg)
     set_threads(getattr(args, "threads", None), verbose=True)
