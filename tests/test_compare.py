@@ -447,7 +447,8 @@ def test_a_killed_comparison_goes_on_from_the_run_checkpoint_and_matches_an_unin
     r = subprocess.run([*cmd, *args, "--out", str(full)], capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
 
-    kill_once_written([*cmd, *args, "--out", str(killed)], killed / "grpo" / "seed0" / "checkpoints" / "step_000002", env)
+    kill_once_written([*cmd, *args, "--out", str(killed)], killed / "grpo" / "seed0" / "checkpoints" / "step_000002", env,
+                      out_dir=killed)
     r = subprocess.run([*cmd, *args, "--out", str(killed), "--resume"], capture_output=True, text=True, timeout=900,
                        env=env)
     assert r.returncode == 0, r.stderr[-3000:]

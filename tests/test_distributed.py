@@ -194,7 +194,8 @@ def test_torchrun_train_end_to_end_and_resume_after_a_kill(tmp_path, mode):
     assert (full / "curves.png").exists() and (full / "evals.json").exists()
 
     killed = tmp_path / "killed"
-    kill_once_written(_train(killed, "steps=3", "checkpoint_every=1", *mode), killed / "checkpoints" / "step_000002", ENV)
+    kill_once_written(_train(killed, "steps=3", "checkpoint_every=1", *mode), killed / "checkpoints" / "step_000002", ENV,
+                      out_dir=killed)
     r = subprocess.run(_train(killed, "steps=3", "checkpoint_every=1", "--resume", *mode), capture_output=True,
                        text=True, env=ENV, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

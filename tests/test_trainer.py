@@ -5,10 +5,8 @@ from __future__ import annotations
 import csv
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,16 +26,8 @@ def _run(out: Path, *extra: str, resume: bool = False, wait_for: Path | None = N
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     if wait_for is None:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
-    deadline = time.monotonic() + 900
-    try:
-        while not wait_for.exists():
-            assert proc.poll() is None, "the run ended before writing the checkpoint it should be killed after"
-            assert time.monotonic() < deadline, "no checkpoint within 900 s"
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # a real kill: no cleanup runs
-        proc.wait(timeout=60)
+    from helpers_processes import kill_once_written
+    kill_once_written(cmd, wait_for, env, out_dir=out)   # a real kill: no clean-up runs
     return None
 
 
