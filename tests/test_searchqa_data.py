@@ -349,6 +349,35 @@ def test_foreign_search_r1_parquet(tmp_path):
         load_search_r1_parquet(tmp_path / "bad.parquet")
 
 
+
+@pytest.mark.parametrize("change, message", [
+    ({"reward_model": {"style": "rule", "ground_truth": {"target": []}}}, "non-empty list of answers"),
+    ({"reward_model": {"style": "rule", "ground_truth": {"target": None}}}, "non-empty list of answers"),
+    ({"reward_model": {"style": "rule", "ground_truth": {"target": ["", " "]}}}, "non-empty list of answers"),
+    ({"reward_model": {"style": "rule"}}, "no reward_model.ground_truth.target"),
+    ({"extra_info": "train-0"}, "'extra_info' must be a struct"),
+    ({"extra_info": {"split": "train", "index": 0, "hops": -1}}, "hops must be a whole number >= 0"),
+    ({"extra_info": {"split": "train", "index": 0, "hops": 1.5}}, "hops must be a whole number >= 0"),
+    ({"prompt": [{"role": "user"}]}, "'prompt' must be a list of"),
+])
+def test_a_search_r1_parquet_row_that_cannot_be_scored_is_a_format_error_naming_the_row(tmp_path, change, message):
+    good = {"data_source": "nq", "prompt": [{"role": "user", "content": stand_in_prompt("who wrote hamlet?")}],
+            "reward_model": {"style": "rule", "ground_truth": {"target": ["Shakespeare"]}},
+            "extra_info": {"split": "train", "index": 0}}
+    path = tmp_path / "rows.parquet"
+    rows = [good, {**good, **change}]
+    try:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    except pa.ArrowInvalid:      # a column's type changes (a struct beside a string): a file of the bad row alone
+        rows = rows[1:]
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(DatasetFormatError, match=rf"rows.parquet: row {len(rows) - 1}\b.*{re.escape(message)}"):
+        load_search_r1_parquet(path)
+    one = {**good, "reward_model": {"style": "rule", "ground_truth": {"target": "1984"}}}
+    pq.write_table(pa.Table.from_pylist([one]), path)
+    assert [q["answers"] for q in load_search_r1_parquet(path)] == [["1984"]]   # one answer, as text
+
+
 # ----------------------------------------------------------------------------- FlashRAG
 def _write_jsonl(path, rows):
     path.parent.mkdir(parents=True, exist_ok=True)

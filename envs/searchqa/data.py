@@ -216,11 +216,17 @@ def load_search_r1_parquet(path: PathLike) -> list[dict]:
     for i, row in enumerate(table.to_pylist()):
         source = str(row.get("data_source") or "unknown")
         extra = row.get("extra_info") or {}
+        if not isinstance(extra, dict):
+            raise DatasetFormatError(f"{path}: row {i}: 'extra_info' must be a struct (a dict), not "
+                                     f"{type(extra).__name__}")
         try:
             target = row["reward_model"]["ground_truth"]["target"]
         except (KeyError, TypeError):
             raise DatasetFormatError(f"{path}: row {i} has no reward_model.ground_truth.target") from None
-        answers = [str(target)] if isinstance(target, (str, int, float)) else [str(a) for a in target]
+        answers = _gold_answers(target)
+        if not answers:
+            raise DatasetFormatError(f"{path}: row {i}: reward_model.ground_truth.target must be an answer or a "
+                                     f"non-empty list of answers, not {target!r:.80}")
         question, prompt = extra.get("question"), _prompt_messages(row.get("prompt"), path, i)
         if not question:
             users = [m["content"] for m in prompt if m["role"] == "user"]
@@ -236,12 +242,34 @@ def load_search_r1_parquet(path: PathLike) -> list[dict]:
             "type": extra.get("type") or _default_type(source),
             "needs_search": True if extra.get("needs_search") is None else bool(extra["needs_search"]),
             "gold_doc_ids": [str(d) for d in (extra.get("gold_doc_ids") or [])],
-            "hops": int(extra["hops"]) if extra.get("hops") is not None else _default_hops(source),
+            "hops": _hops(extra["hops"], path, i) if extra.get("hops") is not None else _default_hops(source),
             "data_source": source,
             "prompt": prompt,
             "schema": "agentgym" if extra.get("question") else "search_r1",
         })
     return out
+
+
+def _gold_answers(target: Any) -> list[str]:
+    """``ground_truth.target`` as answer strings: one answer, or a list of them (empty entries dropped)."""
+    if isinstance(target, bool) or target is None:
+        return []
+    if isinstance(target, (str, int, float)):
+        target = [target]
+    if not isinstance(target, (list, tuple)) or not all(isinstance(a, (str, int, float)) and not isinstance(a, bool)
+                                                        for a in target):
+        return []
+    return [str(a) for a in target if str(a).strip()]
+
+
+def _hops(value: Any, path: Path, i: int) -> int:
+    try:
+        hops = int(value)
+    except (TypeError, ValueError):
+        hops = 0
+    if isinstance(value, bool) or hops < 0 or hops != value:
+        raise DatasetFormatError(f"{path}: row {i}: extra_info.hops must be a whole number >= 0, not {value!r:.40}")
+    return hops
 
 
 def _prompt_messages(prompt: Any, path: Path, i: int) -> list[dict[str, str]]:
