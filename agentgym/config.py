@@ -288,7 +288,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
     loaded = _canonicalize(cls, loaded)
-    overrides = [_canonical_override(cls, o) for o in overrides]
+    overrides = [_canonical_override(cls, o, _shell_split(overrides, i)) for i, o in enumerate(overrides)]
     _drop_foreign_defaults(cls, data, loaded, overrides)
     if base:
         data = _merge(data, _canonicalize(cls, base))
@@ -297,14 +297,37 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     return from_dict(cls, data)
 
 
-def _canonical_override(cls: Any, override: str) -> str:
+def _canonical_override(cls: Any, override: str, whole: str | None = None) -> str:
     key, sep, raw = override.partition("=")
     if not sep:
         hint = f" (a config file? --config {override})" if override.endswith((".yaml", ".yml", ".json")) else ""
+        if whole:
+            hint = f" (the shell split a value at its spaces: quote the whole override, e.g. '{whole}')"
         raise ConfigError(f"override {override!r} is not key=value{hint}")
     if not key.strip():
         raise ConfigError(f"override {override!r} has no key before '='")
     return f"{canonical_key(cls, key.strip())}={raw}"
+
+
+def _shell_split(overrides: Sequence[str], i: int) -> str | None:
+    """When word ``i`` (no ``=``) is the rest of an earlier override whose value the shell cut at a space
+    (``env_kwargs={difficulty: 2}`` typed unquoted arrives as two words), that override, whole."""
+    start = i - 1
+    while start >= 0 and "=" not in overrides[start]:
+        start -= 1
+    if start < 0 or not _unclosed(overrides[start].partition("=")[2]):
+        return None
+    end = i
+    while _unclosed(" ".join(overrides[start:end + 1]).partition("=")[2]) and end + 1 < len(overrides) \
+            and "=" not in overrides[end + 1].split(":")[0]:
+        end += 1
+    return " ".join(overrides[start:end + 1])
+
+
+def _unclosed(value: str) -> bool:
+    """A YAML flow value cut short: more ``{``/``[`` than ``}``/``]``, or an open quote."""
+    return (value.count("{") > value.count("}") or value.count("[") > value.count("]")
+            or value.count('"') % 2 == 1 or value.count("'") % 2 == 1)
 
 
 def _drop_foreign_defaults(cls: type, data: dict[str, Any], loaded: Mapping[str, Any], overrides: Sequence[str]) -> None:

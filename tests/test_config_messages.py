@@ -110,6 +110,29 @@ def test_a_config_path_that_is_a_directory_or_not_text_is_a_config_error(tmp_pat
         load_config(TrainConfig, tmp_path / "weights.yaml")
 
 
+@pytest.mark.parametrize("words, whole", [
+    (["env_kwargs={difficulty:", "2}"], "env_kwargs={difficulty: 2}"),
+    (["steps=3", "env_kwargs={difficulty:", "2,", "hard_fraction:", "0.5}", "seed=1"],
+     "env_kwargs={difficulty: 2, hard_fraction: 0.5}"),
+    (["sampling.stop=[a,", "b]"], "sampling.stop=[a, b]"),
+    (["model='my", "model'"], "model='my model'"),
+])
+def test_an_unquoted_value_the_shell_split_gets_the_quoted_override(words, whole):
+    """``agentgym train env_kwargs={difficulty: 2}`` typed without quotes: the shell passes two words."""
+    from agentgym.algorithms.trainer import TrainConfig
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, None, words)
+    assert str(e.value).endswith(f"is not key=value (the shell split a value at its spaces: quote the whole "
+                                 f"override, e.g. '{whole}')")
+
+
+def test_a_stray_word_after_a_closed_value_gets_no_quoting_hint():
+    from agentgym.algorithms.trainer import TrainConfig
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, None, ["env_kwargs={difficulty: 2}", "steps=1", "foo"])
+    assert str(e.value) == "override 'foo' is not key=value"
+
+
 @pytest.mark.parametrize("override, message", [
     ("my_run.yaml", "override 'my_run.yaml' is not key=value (a config file? --config my_run.yaml)"),
     ("steps", "override 'steps' is not key=value"),
