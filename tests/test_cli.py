@@ -298,6 +298,17 @@ def test_eval_makes_the_folder_of_its_json_and_says_a_bad_output_path_before_it_
     r = run_cli("eval", "Arithmetic-v0", "--policy", "oracle", "--episodes", "1", "--json", str(tmp_path))
     assert r.returncode == 2 and r.stderr.strip() == f"error: ConfigError: json: {tmp_path} is a directory; give a file name"
     assert "eval agentgym" not in r.stderr      # said before any episode ran
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)                          # a folder that cannot be written (root writes anyway: /proc then)
+    target = locked / "eval.html" if not os.access(locked, os.W_OK) else Path("/proc/eval.html")
+    r = run_cli("eval", "Arithmetic-v0", "--policy", "oracle", "--episodes", "1", "--html", str(target))
+    assert r.returncode == 2 and r.stderr.strip().startswith(f"error: ConfigError: html: cannot write {target} (")
+    assert "eval agentgym" not in r.stderr and not target.exists()
+    kept = tmp_path / "kept.json"
+    kept.write_text("an earlier eval")
+    r = run_cli("eval", "Arithmetic-v0", "--policy", str(tmp_path / "no-model"), "--episodes", "1", "--json", str(kept))
+    assert r.returncode == 2 and kept.read_text() == "an earlier eval"   # the probe leaves a file as it was
 
 
 def test_check_refuses_a_negative_action_count():

@@ -232,6 +232,14 @@ def _prepare_outputs(cfg: Any) -> None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"{name}: cannot make the folder of {path} ({e.strerror or e})") from None
+        existed = Path(path).exists()
+        try:                          # a probe: opened for appending, so an existing file is left as it is
+            with open(path, "a"):
+                pass
+        except OSError as e:
+            raise ConfigError(f"{name}: cannot write {path} ({e.strerror or e})") from None
+        if not existed:
+            Path(path).unlink()
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
