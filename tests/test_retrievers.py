@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -105,6 +106,12 @@ def test_corpus_accepts_search_r1_rows_and_names_bad_ones(tmp_path: Path):
     path = tmp_path / "corpus.jsonl"
     path.write_text('{"id": "0", "contents": "x"}\n\nnot json\n')
     with pytest.raises(ValueError, match="corpus.jsonl:3"):
+        Corpus.from_jsonl(path)
+    path.write_text('{"id": "0", "contents": "x"}\n\n{"id": "1", "title": 5}\n[1]\n')
+    with pytest.raises(ValueError, match=r"corpus.jsonl:3 has no string 'contents'"):   # the line, not the row
+        Corpus.from_jsonl(path)
+    path.write_text('{"id": "0", "contents": "x"}\n\n[1]\n')
+    with pytest.raises(ValueError, match=r"corpus.jsonl:3: expected a JSON object"):
         Corpus.from_jsonl(path)
     with pytest.raises(FileNotFoundError):
         Corpus.from_jsonl(tmp_path / "missing.jsonl")
@@ -387,3 +394,30 @@ def test_build_index_shows_progress_while_reading_a_corpus_file(data, tmp_path: 
     assert f"reading corpus: {N_DOCS}doc" in capfd.readouterr().err
     build_index(path, tmp_path / "idx2", kind="bm25", show_progress=False)
     assert "reading corpus" not in capfd.readouterr().err
+
+
+def test_build_index_says_an_unwritable_folder_before_reading_and_a_failed_build_leaves_no_folder(data, tmp_path):
+    docs, _ = data
+    a_file = tmp_path / "corpus.jsonl"
+    a_file.write_text("")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        build_index(docs, a_file, kind="bm25")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    target = locked / "idx" if not os.access(locked, os.W_OK) else Path("/proc/agentgym-idx")   # root writes anyway
+
+    def never_read():
+        raise AssertionError("the corpus was read before the folder was checked")
+        yield
+    with pytest.raises(PermissionError, match=f"cannot write the index to {target}"):
+        build_index(never_read(), target, kind="bm25")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "contents": "x"}\n{"id": "b"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        build_index(bad, tmp_path / "new" / "idx", kind="bm25")
+    assert not (tmp_path / "new" / "idx").exists()
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        build_index(bad, tmp_path / "kept", kind="bm25")
+    assert (tmp_path / "kept").is_dir()          # a folder that was there before stays

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -87,27 +87,38 @@ class Corpus:
         return Hit(doc_id=self.ids[index], contents=self.contents[index], score=float(score))
 
     @classmethod
-    def from_docs(cls, docs: Iterable[Mapping[str, Any]]) -> Corpus:
+    def from_docs(cls, docs: Iterable[Mapping[str, Any]], *, where: Callable[[int], str] | None = None) -> Corpus:
         """Accept Search-R1 rows; rows with ``title``/``text`` instead of ``contents`` are joined
-        the Search-R1 way (``"Title"`` line, then text); a missing ``id`` becomes the row number."""
+        the Search-R1 way (``"Title"`` line, then text); a missing ``id`` becomes the row number.
+        ``where(i)`` names row ``i`` in errors (``PATH:LINE`` for a file); else ``corpus row I``."""
         ids: list[str] = []
         contents: list[str] = []
         for i, doc in enumerate(docs):
+            name = where(i) if where is not None else f"corpus row {i}"
             if not isinstance(doc, Mapping):
-                raise ValueError(f"corpus row {i} is not an object: {str(doc)[:200]}")
+                raise ValueError(f"{name} is not an object: {str(doc)[:200]}")
             text = doc.get("contents")
             if text is None and "text" in doc:
                 title = str(doc.get("title", "")).strip('"')
                 text = f'"{title}"\n{doc["text"]}'
             if not isinstance(text, str):
-                raise ValueError(f"corpus row {i} has no string 'contents' (or 'title'/'text'): {str(doc)[:200]}")
+                raise ValueError(f"{name} has no string 'contents' (or 'title'/'text'): {str(doc)[:200]}")
             ids.append(str(doc.get("id", i)))
             contents.append(text)
         return cls(ids, contents)
 
     @classmethod
-    def from_jsonl(cls, path: PathLike) -> Corpus:
-        return cls.from_docs(iter_jsonl(path))
+    def from_jsonl(cls, path: PathLike, *, progress: Any = None) -> Corpus:
+        """A corpus file (``.jsonl`` / ``.jsonl.gz``); a row that is not a passage names its ``PATH:LINE``.
+        ``progress`` wraps the stream of rows (a tqdm class, say)."""
+        lines: list[int] = []
+
+        def rows() -> Iterator[dict[str, Any]]:
+            for lineno, obj in read_jsonl(path, what="corpus"):
+                lines.append(lineno)
+                yield obj
+        stream = rows() if progress is None else progress(rows())
+        return cls.from_docs(stream, where=lambda i: f"{path}:{lines[i]}")
 
     @classmethod
     def coerce(cls, corpus: Corpus | PathLike | Iterable[Mapping[str, Any]]) -> Corpus:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from .base import META_FILE, Corpus, PathLike, Retriever, iter_jsonl, read_meta
+from .base import META_FILE, Corpus, PathLike, Retriever, read_meta
 
 
 def build_index(
@@ -40,45 +41,69 @@ def build_index(
     out = Path(out_dir)
     if (out / META_FILE).exists() and not overwrite:
         raise FileExistsError(f"{out} already holds an index; pass overwrite=True to replace it")
-    docs = _read_corpus(corpus, show_progress)
-    retriever: Any
-    if kind == "dense":
-        from .dense import DenseRetriever
+    with _made_for_the_build(out):    # checked writable before the corpus is read and encoded (hours at
+        # wiki scale), not after; a build that fails leaves no empty folder behind
+        docs = _read_corpus(corpus, show_progress)
+        retriever: Any
+        if kind == "dense":
+            from .dense import DenseRetriever
 
-        retriever = DenseRetriever(
-            model,
-            device=device,
-            query_prefix=query_prefix,
-            passage_prefix=passage_prefix,
-            index_type=index_type,
-            hnsw_m=hnsw_m,
-            ef_construction=ef_construction,
-            ef_search=ef_search,
-            nlist=nlist,
-            nprobe=nprobe,
-        ).build(docs, batch_size=batch_size, show_progress=show_progress)
-    elif kind == "bm25":
-        dense_only = {"model": model, "query_prefix": query_prefix, "passage_prefix": passage_prefix}
-        given = [k for k, v in dense_only.items() if v is not None] + (["index_type"] if index_type != "flat" else [])
-        if given:
-            raise ValueError(f"{', '.join(given)} only apply to kind='dense'")
-        from .sparse import BM25Retriever
+            retriever = DenseRetriever(
+                model,
+                device=device,
+                query_prefix=query_prefix,
+                passage_prefix=passage_prefix,
+                index_type=index_type,
+                hnsw_m=hnsw_m,
+                ef_construction=ef_construction,
+                ef_search=ef_search,
+                nlist=nlist,
+                nprobe=nprobe,
+            ).build(docs, batch_size=batch_size, show_progress=show_progress)
+        elif kind == "bm25":
+            dense_only = {"model": model, "query_prefix": query_prefix, "passage_prefix": passage_prefix}
+            given = [k for k, v in dense_only.items() if v is not None] + (["index_type"] if index_type != "flat" else [])
+            if given:
+                raise ValueError(f"{', '.join(given)} only apply to kind='dense'")
+            from .sparse import BM25Retriever
 
-        retriever = BM25Retriever(stopwords=stopwords, k1=k1, b=b).build(docs, show_progress=show_progress)
-    else:
-        raise ValueError(f"kind must be 'dense' or 'bm25', got {kind!r}")
-    retriever.save(out)
+            retriever = BM25Retriever(stopwords=stopwords, k1=k1, b=b).build(docs, show_progress=show_progress)
+        else:
+            raise ValueError(f"kind must be 'dense' or 'bm25', got {kind!r}")
+        retriever.save(out)
     return retriever
+
+
+@contextmanager
+def _made_for_the_build(out: Path) -> Iterator[None]:
+    """``out`` made if needed and checked to take a file (OSError naming it otherwise); removed again
+    if it was made here and the build inside fails before writing anything to it."""
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"index directory {out} is a file")
+    made = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise PermissionError(f"cannot write the index to {out} ({e.strerror or e})") from None
+    try:
+        yield
+    except BaseException:
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
 
 
 def _read_corpus(corpus: PathLike | Iterable[Mapping[str, Any]], show_progress: bool | None) -> Corpus:
     """The corpus as a :class:`Corpus`; a progress bar when asked and it is a file (a wiki-scale jsonl
     takes minutes to read)."""
     if show_progress and isinstance(corpus, (str, os.PathLike)):
-        from tqdm.auto import tqdm
+        from functools import partial
 
-        with tqdm(iter_jsonl(corpus), desc="reading corpus", unit="doc") as rows:
-            return Corpus.from_docs(rows)
+        from tqdm.auto import tqdm
+        return Corpus.from_jsonl(corpus, progress=partial(tqdm, desc="reading corpus", unit="doc"))
     return Corpus.coerce(corpus)
 
 
