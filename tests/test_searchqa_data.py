@@ -429,6 +429,15 @@ def test_retriever_prep_command(tmp_path):
     assert r.returncode == 0, r.stderr[-800:]
     assert [q["data_source"] for q in load_search_r1_parquet(tmp_path / "out" / "test.parquet")] == ["nq", "bamboogle"]
     assert len(load_search_r1_parquet(tmp_path / "out" / "train.parquet")) == 2  # nq + hotpotqa, 1 row each
+    r = subprocess.run([*cli, "--out", str(tmp_path / "out"), "--datasets", "nq", "--limit", "2"],
+                       capture_output=True, text=True, timeout=120)     # files already there: kept, said in one line
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"error: FileExistsError: {tmp_path / 'out' / 'train.parquet'}, {tmp_path / 'out' / 'test.parquet'} already "
+        "exist; pass overwrite=True (--overwrite) to replace")
+    assert len(load_search_r1_parquet(tmp_path / "out" / "train.parquet")) == 2
+    r = subprocess.run([*cli, "--out", str(tmp_path / "out"), "--datasets", "nq", "--limit", "2", "--overwrite"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and len(load_search_r1_parquet(tmp_path / "out" / "train.parquet")) == 4
     r = subprocess.run([*cli, "--out", str(tmp_path / "out2"), "--datasets", "nq,"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [

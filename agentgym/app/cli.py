@@ -47,8 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--threads must be >= 1")
     try:
         return int(args.func(args) or 0)
-    except (gym.error.Error, ValueError, TypeError, IndexError, FileNotFoundError) as e:
-        # Operator mistakes (unknown env id, bad env kwargs, bad config) get one line, not a traceback: exit 2.
+    except (gym.error.Error, ValueError, TypeError, IndexError, FileNotFoundError, FileExistsError, IsADirectoryError,
+            NotADirectoryError) as e:
+        # Operator mistakes (unknown env id, bad env kwargs, bad config, a path that is missing, taken or of
+        # the wrong kind) get one line, not a traceback: exit 2.
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -355,7 +355,8 @@ def cmd_retriever_prep(args: argparse.Namespace) -> int:
     from agentgym.envs.searchqa.data import SEARCH_R1_TEST_DATASETS, prepare_flashrag
     from agentgym.envs.searchqa.env import make_search_r1_prompt
     datasets = [d.strip() for d in args.datasets.split(",")] if args.datasets else SEARCH_R1_TEST_DATASETS
-    out = prepare_flashrag(args.source, args.out, datasets, make_prompt=make_search_r1_prompt, limit=args.limit)
+    out = prepare_flashrag(args.source, args.out, datasets, make_prompt=make_search_r1_prompt, limit=args.limit,
+                           overwrite=args.overwrite)
     for split, path in out.items():
         print(f"wrote {split}: {path}")
     return 0

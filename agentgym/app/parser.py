@@ -165,6 +165,7 @@ def _add_retriever_prep(rsub: Any) -> None:
     q.add_argument("--out", required=True, help="directory for train.parquet and test.parquet")
     q.add_argument("--datasets", default=None, help="comma-separated eval datasets (default: Search-R1's 7)")
     q.add_argument("--limit", type=int, default=None, help="rows per dataset (smoke runs)")
+    q.add_argument("--overwrite", action="store_true", help="replace train.parquet / test.parquet already in --out")
     q.set_defaults(func=cmd_retriever_prep)
 
 

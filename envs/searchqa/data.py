@@ -344,14 +344,15 @@ def prepare_flashrag(source: PathLike | Iterable[PathLike], out_dir: PathLike,
                      datasets: Sequence[str] = SEARCH_R1_TEST_DATASETS, *,
                      make_prompt: Callable[[str], str],
                      train_datasets: Sequence[str] = SEARCH_R1_TRAIN_DATASETS,
-                     limit: int | None = None) -> dict[str, Path]:
+                     limit: int | None = None, overwrite: bool = False) -> dict[str, Path]:
     """Convert FlashRAG question files into Search-R1 ``train.parquet`` and ``test.parquet``.
 
     As in Search-R1: ``train.parquet`` holds the train split of ``train_datasets`` (NQ + HotpotQA);
     ``test.parquet`` holds, for each of ``datasets``, its test split, else dev, else train.
     ``data_source`` is the dataset name. ``extra_info.index`` runs over the whole file (unique, so
     it can key GRPO groups) and ``extra_info.id`` keeps the FlashRAG id. ``limit`` caps rows per
-    dataset (for smoke runs). Either list may be empty to skip that file.
+    dataset (for smoke runs). Either list may be empty to skip that file. A file already in
+    ``out_dir`` is replaced only with ``overwrite`` (FileExistsError otherwise, before anything is read).
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a row count >= 1 (or None for every row), got {limit!r}")
@@ -360,6 +361,11 @@ def prepare_flashrag(source: PathLike | Iterable[PathLike], out_dir: PathLike,
         raise ValueError(f"dataset names must not be empty, got train {list(train_datasets)} and test {list(datasets)}")
     index = find_flashrag_files(source)
     out_dir = Path(out_dir)
+    there = [out_dir / f"{split}.parquet" for split, names in (("train", train_datasets), ("test", datasets))
+             if names and (out_dir / f"{split}.parquet").exists()]
+    if there and not overwrite:
+        raise FileExistsError(f"{', '.join(map(str, there))} already exist{'s' if len(there) == 1 else ''}; "
+                              "pass overwrite=True (--overwrite) to replace")
     plan = {"train": [(d.lower(), *_pick(index, d.lower(), ("train",), "train")) for d in train_datasets],
             "test": [(d.lower(), *_pick(index, d.lower(), EVAL_SPLIT_PREFERENCE, "evaluation"))
                      for d in datasets]}
