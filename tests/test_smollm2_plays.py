@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import httpx
@@ -68,29 +67,24 @@ def test_smollm2_plays_env_from_cli(env, tmp_path, tokenizer):
     _check_faithful(traj, tokenizer)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_smollm2_plays_searchqa_through_the_retrieval_server(tmp_path, tokenizer):
-    port = _free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    # --port 0: the server binds a free port itself and prints it (no free-port-then-bind race with other tests)
     server = subprocess.Popen([sys.executable, "-m", "agentgym.app.cli", "retriever", "serve", "bundled",
-                               "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               "--port", "0"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
-    url = f"http://127.0.0.1:{port}"
+    watchdog = threading.Timer(300, server.kill)   # a hung start ends the test instead of blocking it
+    watchdog.start()
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, server.stdout.read()
-            try:
-                health = httpx.get(url + "/health", timeout=2).json()
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "retrieval server did not come up"
-                time.sleep(0.5)
+        lines = []
+        while not (lines and " on http://127.0.0.1:" in lines[-1]):
+            line = server.stdout.readline()
+            assert line, "the retrieval server ended before serving:\n" + "".join(lines)
+            lines.append(line)
+        watchdog.cancel()
+        threading.Thread(target=server.stdout.read, daemon=True).start()   # drained: a full pipe would block it
+        url = lines[-1].split(" on ", 1)[1].split()[0].removesuffix("/retrieve")
+        health = httpx.get(url + "/health", timeout=30).json()
         assert health["requests"] == 0
         # Sampled (not greedy) so that over a few episodes the model does emit <search> now and then.
         data = _eval(tmp_path, "SearchQA-v0", "-e", f"retriever={url}", "-e", "max_turns=2",
