@@ -346,10 +346,12 @@ def test_build_index_from_jsonl_and_reload(data, embeddings, tmp_path: Path):
         build_index(corpus_path, tmp_path / "bm25", kind="bm25")
     build_index(corpus_path, tmp_path / "bm25", kind="bm25", stopwords=None, overwrite=True)
     assert load_retriever(tmp_path / "bm25").stopwords is None
+    missing = tmp_path / "no_such_corpus.jsonl"   # said before the corpus is read: not a missing-file error
     with pytest.raises(ValueError, match="only apply to kind='dense'"):
-        build_index(corpus_path, tmp_path / "x", kind="bm25", model="some/model")
+        build_index(missing, tmp_path / "x", kind="bm25", model="some/model")
     with pytest.raises(ValueError, match="kind"):
-        build_index(corpus_path, tmp_path / "x", kind="splade")  # type: ignore[arg-type]
+        build_index(missing, tmp_path / "x", kind="splade")  # type: ignore[arg-type]
+    assert not (tmp_path / "x").exists()
     for bad in (0, -4, 2.5, True):  # said before the corpus is read, for either kind
         with pytest.raises(ValueError, match=r"batch_size must be an integer >= 1"):
             build_index(tmp_path / "no_such_corpus.jsonl", tmp_path / "y", kind="dense", batch_size=bad)

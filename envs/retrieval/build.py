@@ -38,6 +38,13 @@ def build_index(
     a wiki-scale index takes hours to rebuild."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if kind not in ("dense", "bm25"):
+        raise ValueError(f"kind must be 'dense' or 'bm25', got {kind!r}")
+    if kind == "bm25":          # said before the corpus is read, not after
+        dense_only = {"model": model, "query_prefix": query_prefix, "passage_prefix": passage_prefix}
+        given = [k for k, v in dense_only.items() if v is not None] + (["index_type"] if index_type != "flat" else [])
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply to kind='dense'")
     out = Path(out_dir)
     if (out / META_FILE).exists() and not overwrite:
         raise FileExistsError(f"{out} already holds an index; pass overwrite=True to replace it")
@@ -60,16 +67,10 @@ def build_index(
                 nlist=nlist,
                 nprobe=nprobe,
             ).build(docs, batch_size=batch_size, show_progress=show_progress)
-        elif kind == "bm25":
-            dense_only = {"model": model, "query_prefix": query_prefix, "passage_prefix": passage_prefix}
-            given = [k for k, v in dense_only.items() if v is not None] + (["index_type"] if index_type != "flat" else [])
-            if given:
-                raise ValueError(f"{', '.join(given)} only apply to kind='dense'")
+        else:
             from .sparse import BM25Retriever
 
             retriever = BM25Retriever(stopwords=stopwords, k1=k1, b=b).build(docs, show_progress=show_progress)
-        else:
-            raise ValueError(f"kind must be 'dense' or 'bm25', got {kind!r}")
         retriever.save(out)
     return retriever
 
