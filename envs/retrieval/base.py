@@ -91,18 +91,18 @@ class Corpus:
         """Accept Search-R1 rows; rows with ``title``/``text`` instead of ``contents`` are joined
         the Search-R1 way (``"Title"`` line, then text); a missing ``id`` becomes the row number.
         ``where(i)`` names row ``i`` in errors (``PATH:LINE`` for a file); else ``corpus row I``."""
+        name = where or (lambda i: f"corpus row {i}")   # called only for a bad row
         ids: list[str] = []
         contents: list[str] = []
         for i, doc in enumerate(docs):
-            name = where(i) if where is not None else f"corpus row {i}"
             if not isinstance(doc, Mapping):
-                raise ValueError(f"{name} is not an object: {str(doc)[:200]}")
+                raise ValueError(f"{name(i)} is not an object: {str(doc)[:200]}")
             text = doc.get("contents")
             if text is None and "text" in doc:
                 title = str(doc.get("title", "")).strip('"')
                 text = f'"{title}"\n{doc["text"]}'
             if not isinstance(text, str):
-                raise ValueError(f"{name} has no string 'contents' (or 'title'/'text'): {str(doc)[:200]}")
+                raise ValueError(f"{name(i)} has no string 'contents' (or 'title'/'text'): {str(doc)[:200]}")
             ids.append(str(doc.get("id", i)))
             contents.append(text)
         return cls(ids, contents)
@@ -111,14 +111,13 @@ class Corpus:
     def from_jsonl(cls, path: PathLike, *, progress: Any = None) -> Corpus:
         """A corpus file (``.jsonl`` / ``.jsonl.gz``); a row that is not a passage names its ``PATH:LINE``.
         ``progress`` wraps the stream of rows (a tqdm class, say)."""
-        lines: list[int] = []
+        line = [0]   # the line of the row being checked: from_docs names a bad row before taking the next
 
         def rows() -> Iterator[dict[str, Any]]:
-            for lineno, obj in read_jsonl(path, what="corpus"):
-                lines.append(lineno)
+            for line[0], obj in read_jsonl(path, what="corpus"):
                 yield obj
         stream = rows() if progress is None else progress(rows())
-        return cls.from_docs(stream, where=lambda i: f"{path}:{lines[i]}")
+        return cls.from_docs(stream, where=lambda _i: f"{path}:{line[0]}")
 
     @classmethod
     def coerce(cls, corpus: Corpus | PathLike | Iterable[Mapping[str, Any]]) -> Corpus:
