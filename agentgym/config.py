@@ -288,7 +288,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
     loaded = _canonicalize(cls, loaded)
-    overrides = [_canonical_override(cls, o, _shell_split(overrides, i)) for i, o in enumerate(overrides)]
+    overrides = [_canonical_override(cls, overrides, i) for i in range(len(overrides))]
     _drop_foreign_defaults(cls, data, loaded, overrides)
     if base:
         data = _merge(data, _canonicalize(cls, base))
@@ -297,10 +297,13 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     return from_dict(cls, data)
 
 
-def _canonical_override(cls: Any, override: str, whole: str | None = None) -> str:
+def _canonical_override(cls: Any, overrides: Sequence[str], i: int) -> str:
+    """Override ``i`` with its key in canonical form (its neighbours only name a shell-split value)."""
+    override = overrides[i]
     key, sep, raw = override.partition("=")
     if not sep:
         hint = f" (a config file? --config {override})" if override.endswith((".yaml", ".yml", ".json")) else ""
+        whole = _shell_split(overrides, i)
         if whole:
             hint = f" (the shell split a value at its spaces: quote the whole override, e.g. '{whole}')"
         raise ConfigError(f"override {override!r} is not key=value{hint}")
