@@ -27,7 +27,7 @@ __all__ = ["trainer_checkpoint", "load_trained_policy", "load_tokenizer_for", "e
            "resolve_backend"]
 
 from agentgym.policies.registry import (POLICY_BACKENDS, BackendUnavailable, backend_class, default_backend,
-                                       names_own_backend, resolve_backend, spec_backend)
+                                       names_own_backend, require_registered, resolve_backend, spec_backend)
 
 TINY_RANDOM = "tiny-random"
 
@@ -241,6 +241,8 @@ def load_policy(spec: str, backend: str | None = None, *, env_id: str | None = N
     trainable in place; ``vllm``), or None for :func:`default_backend`. When the requested backend is
     not installed, ``notice`` (default: print to stderr) gets one line and the fallback is used.
     """
+    if backend is not None:
+        require_registered(backend)   # a wrong name is an error whatever the spec, even one that ignores it
     own = spec_backend(spec)
     if own is not None:   # the spec names its backend (oracle, openai:…)
         return own.from_spec(spec, env_id=env_id)

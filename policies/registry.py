@@ -21,7 +21,7 @@ import sys
 from typing import Any, Callable, Mapping
 
 __all__ = ["POLICY_BACKENDS", "SPEC_BACKENDS", "BackendUnavailable", "register_backend", "backend_names",
-           "backend_class", "spec_backend", "names_own_backend", "default_backend", "resolve_backend", "check_backend",
+           "backend_class", "require_registered", "spec_backend", "names_own_backend", "default_backend", "resolve_backend", "check_backend",
            "trainable_backend"]
 
 #: ``backend=`` names -> ``"module:Class"`` (or a Backend subclass); the first is the fallback
@@ -70,11 +70,16 @@ def _import(entry: Any, name: str) -> Any:
         raise BackendUnavailable(f"the {name} backend cannot be imported here ({e})") from None
 
 
+def require_registered(name: str) -> None:
+    """ValueError naming the registered backends when none is registered as ``backend=name``."""
+    if name not in POLICY_BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose from {', '.join(POLICY_BACKENDS)}")
+
+
 def backend_class(name: str) -> Any:
     """The class registered as ``backend=name`` (ValueError for an unknown name; BackendUnavailable,
     an ImportError, when its package is missing here)."""
-    if name not in POLICY_BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choose from {', '.join(POLICY_BACKENDS)}")
+    require_registered(name)
     return _import(POLICY_BACKENDS[name], name)
 
 

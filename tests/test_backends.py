@@ -77,9 +77,8 @@ def test_registry_checks_names_and_options_and_specs_pick_their_own_backend():
     registry.check_backend(None, {"anything": 1})          # resolved later, as before
     with pytest.raises(ValueError, match="backend must be"):
         TrainConfig(backend="tgi")
-    from agentgym.app.evaluation import EvalRunConfig
-    with pytest.raises(ValueError, match="unknown backend 'tgi'; choose from hf, vllm"):   # eval too, any policy
-        EvalRunConfig(policy="oracle", backend="tgi")
+    with pytest.raises(ValueError, match="unknown backend 'tgi'; choose from hf, vllm"):   # any spec, even oracle
+        load_policy("oracle", "tgi", env_id="Arithmetic-v0")
     assert registry.trainable_backend() == "hf"
     assert registry.names_own_backend("oracle") and registry.names_own_backend("openai:m@http://x")
     assert not registry.names_own_backend("tiny-random")
