@@ -102,7 +102,6 @@ def check_env_kwargs(id: str, kwargs: dict[str, Any]) -> None:
             raise TypeError(f"{name}: {key} must be {_describe(hints[key])}, got {value!r}"[:300])
 
 
-
 def check_run_env_kwargs(id: str, env_kwargs: Any, eval_env_kwargs: Any = None) -> None:
     """A run's env arguments, before any model loads: the training env's (``env_kwargs``), and the held-out
     eval's (``eval_env_kwargs`` over them), each by :func:`check_env_kwargs`. A slip is a usage error, a
