@@ -135,7 +135,7 @@ class GRPOLearner(Learner):
     """GRPO: each trajectory's return normalised within its group (``group_id``: same task), the same
     advantage on all its policy tokens (``credit="turn"`` / ``"gigpo"``: per-turn credit); clipped ratio
     loss, ``epochs`` inner iterations, KL to the reference in the loss (``kl_coef`` > 0). Dr.GRPO:
-    ``group_scale=False`` with ``loss_agg="seq-mean-token-sum"``."""
+    ``group_scale=False`` with ``loss_agg="dr-grpo"`` (TRL's) or ``"seq-mean-token-sum-norm"`` (veRL's)."""
     advantage_name, objective_name, config_class = "group", "clip", GRPOConfig
 
 

@@ -86,9 +86,10 @@ class UpdateConfig(OptimConfig):
     minibatch_size: int | None = field(default=None, metadata={
         "help": "trajectories per optimizer step, >= 1; null = the whole batch"})
     loss_agg: str = field(default=LossSettings.loss_agg, metadata={
-        "help": "how token losses become one: token-mean, seq-mean-token-sum or seq-mean-token-mean"})
+        "help": "how token losses become one: token-mean, seq-mean-token-mean, seq-mean-token-sum, "
+                "seq-mean-token-sum-norm (veRL's modes) or dr-grpo (TRL's dr_grpo)"})
     max_response_tokens: int | None = field(default=None, metadata={
-        "help": "the constant of seq-mean-token-sum; null = the batch's longest response"})
+        "help": "the constant divisor of seq-mean-token-sum-norm and dr-grpo; null = the batch's longest response"})
     kl_coef: float = field(default=LossSettings.kl_coef, metadata={
         "help": "weight of the KL to the reference model (>= 0; 0 = no reference)"})
     kl_estimator: str = field(default=LossSettings.kl_estimator, metadata={
@@ -165,7 +166,8 @@ class LearnerConfig(ReturnSettings, BaselineSettings, GroupSettings, GAESettings
     clip_eps: float | None = field(default=None, metadata={
         "help": "the ratio's lower clip 1 - clip_eps (> 0); null = the algorithm's (0.2; GSPO 3e-4)"})
     loss_agg: str | None = field(default=None, metadata={
-        "help": "token-mean, seq-mean-token-sum or seq-mean-token-mean; null = the algorithm's (token-mean)"})
+        "help": "token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm or dr-grpo; "
+                "null = the algorithm's (token-mean)"})
     extra: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "settings of parts registered by user modules (learner.extra.my_coef=0.5)"})
 

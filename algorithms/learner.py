@@ -345,12 +345,13 @@ class Learner(LearnerState):
         loss or the gradient norm is not finite.
         """
         cfg = self.config
-        num_tokens = float(self._train_mask(mb).sum())
+        train_mask = self._train_mask(mb)
+        num_tokens = float(train_mask.sum())
         micros = list(mb.micro_batches(cfg.micro_batch_size, cfg.micro_batch_tokens))
         self._positions[0] += sum(m.padded_tokens for m in micros)
         self._positions[1] += int(mb.lengths.sum())
         mine, scale = self.parallel.share(micros)   # the loss is normalised by the global minibatch totals
-        totals = (num_tokens, float(len(mb)))
+        totals = (num_tokens, float((train_mask.sum(1) > 0).sum()))   # sequences with a loss token
         self.optimizer.zero_grad(set_to_none=True)
         try:
             finite, losses, token_stats = True, {}, {}

@@ -39,7 +39,9 @@ __all__ = [
     "masked_mean", "masked_whiten", "LossSettings", "ppo_objective",
 ]
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+#: veRL's four ``loss_agg_mode`` names with veRL's meaning (``verl.trainer.ppo.core_algos.agg_loss``), and
+#: ``dr-grpo``: TRL's ``loss_type="dr_grpo"`` normalisation. See :func:`aggregate`.
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "dr-grpo")
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
 
 
@@ -208,26 +210,42 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean"
               num_seqs: float | None = None, max_len: float | None = None) -> torch.Tensor:
     """Reduce a ``(B, T)`` per-token loss to a scalar over the masked tokens.
 
-    * ``token-mean``: ``Σ v·m / Σ m`` — every token weighs the same (long answers weigh more);
-    * ``seq-mean-token-sum`` (Dr.GRPO): ``Σ_seq (Σ_t v·m) / max_len`` averaged over sequences — a
-      constant normaliser, so no length bias; ``max_len`` defaults to ``T``;
-    * ``seq-mean-token-mean`` (original GRPO): each sequence's token mean, averaged over sequences.
+    With ``S_i = Σ_t v·m`` (sequence ``i``'s token sum), ``N`` the masked tokens, ``n`` the sequences
+    with at least one masked token and ``L = max_len`` (default ``T``, the padded width):
+
+    * ``token-mean`` (DAPO; TRL ``dapo``): ``Σ_i S_i / N`` — every token weighs the same;
+    * ``seq-mean-token-mean`` (the GRPO paper; TRL ``grpo``): ``Σ_i (S_i / N_i) / n`` — each
+      sequence's token mean, then their mean (a short answer's tokens weigh more);
+    * ``seq-mean-token-sum``: ``Σ_i S_i / n`` — each sequence's token *sum*, then their mean;
+    * ``seq-mean-token-sum-norm``: ``Σ_i S_i / L`` — veRL's Dr.GRPO mode (its ``loss_scale_factor``
+      is ``L``): a constant divisor, so no length bias, and not divided by the number of sequences;
+    * ``dr-grpo``: ``Σ_i S_i / (n · L)`` — TRL's ``loss_type="dr_grpo"`` (``L`` its
+      ``max_completion_length``): veRL's Dr.GRPO mode averaged over the sequences.
+
+    The first four are veRL's ``agg_loss`` modes, with its meaning: a sequence without a masked token
+    is not counted in ``n``. (TRL counts every row in ``grpo`` and ``dr_grpo``; the two agree whenever
+    every row has a loss token, as every agentgym trajectory has.)
 
     Gradient accumulation: pass the totals of the whole minibatch (``num_tokens`` = its masked
-    tokens, ``num_seqs`` = its sequences); the micro-batches' results then sum to the minibatch's.
+    tokens ``N``, ``num_seqs`` = its sequences with a masked token ``n``); the micro-batches' results
+    then sum to the minibatch's.
     """
     mask = mask.to(values.dtype)
     if mode == "token-mean":
         denom = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=values.dtype)
         return (values * mask).sum() / denom.clamp(min=1.0)
-    n_seqs = values.shape[0] if num_seqs is None else num_seqs
-    if mode == "seq-mean-token-sum":
-        length = values.shape[1] if max_len is None else max_len
-        return (values * mask).sum() / length / max(n_seqs, 1)
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGG_MODES}")
+    n_seqs = float((mask.sum(-1) > 0).sum()) if num_seqs is None else num_seqs
+    length = values.shape[1] if max_len is None else max_len
     if mode == "seq-mean-token-mean":
         per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
         return per_seq.sum() / max(n_seqs, 1)
-    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {LOSS_AGG_MODES}")
+    if mode == "seq-mean-token-sum":
+        return (values * mask).sum() / max(n_seqs, 1)
+    if mode == "seq-mean-token-sum-norm":
+        return (values * mask).sum() / length
+    return (values * mask).sum() / length / max(n_seqs, 1)   # dr-grpo
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -296,7 +314,8 @@ class LossSettings:
     (a learner's config takes them from here, and the learner reads this class's fields off it).
 
     ``clip_eps`` / ``clip_eps_high`` / ``dual_clip_c``: PPO's clipped ratio, used when no
-    ``policy_term`` is passed to :func:`ppo_objective`. ``max_len``: the constant of ``seq-mean-token-sum``.
+    ``policy_term`` is passed to :func:`ppo_objective`. ``max_len``: the constant ``L`` of ``seq-mean-token-sum-norm``
+    and ``dr-grpo``.
     """
     clip_eps: float = 0.2
     clip_eps_high: float | None = None

@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 AGENTGYM_PRECISION=fp32
 RUNS=${RUNS:-runs}
-ARMS="reinforce,ppo,grpo,grpo:group_scale=false:loss_agg=seq-mean-token-sum,rloo,grpo-shuffled"
+ARMS="reinforce,ppo,grpo,grpo:group_scale=false:loss_agg=dr-grpo,rloo,grpo-shuffled"
 MATH=(--env Math-v0 --steps 30 groups_per_step=2 group_size=4 eval.episodes=64)   # finished (30 runs)
 SFT_MODEL="$RUNS/search_r1_v2/sft/model"
 V2=(--config benchmarks/search_r1/configs/smollm2_v2.yaml --sft-baselines --seeds 3 --eval-per-type 30)

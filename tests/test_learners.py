@@ -16,6 +16,7 @@ import agentgym
 from agentgym import AgentEnv, Reward, Transition, shaper
 from agentgym.algorithms import (GRPOLearner, LearnerConfig, LoraSettings, PPOLearner, ReinforceLearner, collate,
                                  lr_factor, make_learner)
+from agentgym.algorithms.losses import LOSS_AGG_MODES
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
 from agentgym.rollout import RolloutConfig, RolloutEngine
@@ -141,7 +142,7 @@ def test_reinforce_learns_with_every_baseline(env_id, baseline):
 @pytest.mark.slow
 def test_grpo_learns_without_env_token_masking(env_id):
     cfg = LearnerConfig(lr=2e-3, temperature=TEMPERATURE, mask_env_tokens=False, group_scale=False,
-                        loss_agg="seq-mean-token-sum", seed=0)
+                        loss_agg="dr-grpo", seed=0)
     assert_learned(learning_curve("grpo", env_id, cfg, steps=12))
 
 
@@ -284,7 +285,7 @@ def test_checkpoints_written_before_the_learner_parts_split_still_load(env_id):
     assert resumed.baseline.value == pytest.approx(learner.baseline.value) and resumed.baseline.value is not None
 
 
-@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+@pytest.mark.parametrize("loss_agg", LOSS_AGG_MODES)
 def test_gradient_accumulation_matches_one_big_batch(env_id, loss_agg):
     policy = new_policy(8)
     trajs = small_batch(env_id, policy)
@@ -295,9 +296,12 @@ def test_gradient_accumulation_matches_one_big_batch(env_id, loss_agg):
                                                          loss_agg=loss_agg, kl_coef=0.05, entropy_coef=0.01,
                                                          max_grad_norm=None))
         results.append(learner.update(copy.deepcopy(trajs)))
+    # seq-mean-token-sum divides token sums by no length: a loss near 0 (the group's advantages cancel)
+    # carries tens of times the rounding of the other modes
+    tol = 1e-5 if loss_agg == "seq-mean-token-sum" else 1e-7
     for m in results[1:]:
         for key in ("loss", "policy_loss", "grad_norm", "entropy", "kl", "tokens"):
-            assert m[key] == pytest.approx(results[0][key], rel=1e-4, abs=1e-7), key
+            assert m[key] == pytest.approx(results[0][key], rel=1e-4, abs=tol), key
 
 
 @pytest.mark.parametrize("lora", [None, LoraSettings(r=4)])

@@ -218,15 +218,24 @@ MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
 
 
 def test_aggregation_modes_by_hand():
-    # token-mean: (1+2+3+4) / 4 tokens = 2.5
-    assert aggregate(VALUES, MASK, "token-mean").item() == pytest.approx(2.5)
-    # seq-mean-token-sum with the constant 4: (6/4 + 4/4) / 2 = 1.25; with 10: (0.6 + 0.4) / 2 = 0.5
-    assert aggregate(VALUES, MASK, "seq-mean-token-sum").item() == pytest.approx(1.25)
-    assert aggregate(VALUES, MASK, "seq-mean-token-sum", max_len=10).item() == pytest.approx(0.5)
-    # seq-mean-token-mean: (6/3 + 4/1) / 2 = 3
-    assert aggregate(VALUES, MASK, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    # token sums S = (6, 4), tokens N = 4, sequences n = 2, padded width T = 4
+    assert aggregate(VALUES, MASK, "token-mean").item() == pytest.approx(10 / 4)            # Σ S / N
+    assert aggregate(VALUES, MASK, "seq-mean-token-mean").item() == pytest.approx((6 / 3 + 4 / 1) / 2)
+    assert aggregate(VALUES, MASK, "seq-mean-token-sum").item() == pytest.approx((6 + 4) / 2)   # Σ S / n
+    assert aggregate(VALUES, MASK, "seq-mean-token-sum-norm").item() == pytest.approx(10 / 4)  # Σ S / T
+    assert aggregate(VALUES, MASK, "seq-mean-token-sum-norm", max_len=10).item() == pytest.approx(10 / 10)
+    assert aggregate(VALUES, MASK, "dr-grpo").item() == pytest.approx(10 / 4 / 2)          # Σ S / (n·T)
+    assert aggregate(VALUES, MASK, "dr-grpo", max_len=10).item() == pytest.approx(10 / 10 / 2)
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         aggregate(VALUES, MASK, "sum")
+
+
+@pytest.mark.parametrize("mode", losses.LOSS_AGG_MODES)
+def test_a_sequence_without_loss_tokens_changes_no_aggregation(mode):
+    """veRL's rule: a row whose mask is all 0 is not one of the sequences averaged over."""
+    values = torch.cat([VALUES, torch.full((1, 4), 5.0)])
+    mask = torch.cat([MASK, torch.zeros(1, 4)])
+    assert aggregate(values, mask, mode, max_len=4).item() == pytest.approx(aggregate(VALUES, MASK, mode).item())
 
 
 @pytest.mark.parametrize("mode", losses.LOSS_AGG_MODES)
