@@ -254,10 +254,16 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """``(v - mean) / (std + eps)`` over the masked entries (population std); 0 where ``mask`` is 0."""
+    """``(v - mean) / sqrt(var + eps)`` over the masked entries, with the sample (Bessel-corrected)
+    variance: PPO's advantage whitening as TRL and veRL compute it (``masked_whiten`` in both). 0 where
+    ``mask`` is 0, and everywhere when fewer than two entries are masked (nothing to scale by)."""
+    mask = mask.to(values.dtype)
+    n = mask.sum()
     mean = masked_mean(values, mask)
-    var = masked_mean((values - mean) ** 2, mask)
-    return (values - mean) / (var.sqrt() + eps) * mask.to(values.dtype)
+    if n < 2:
+        return torch.zeros_like(values)
+    var = masked_mean((values - mean) ** 2, mask) * (n / (n - 1))
+    return (values - mean) * torch.rsqrt(var + eps) * mask
 
 
 # --------------------------------------------------------------------------- KL, value loss

@@ -246,6 +246,17 @@ def test_aggregation_over_micro_batches_adds_up_to_the_whole(mode):
     assert parts.item() == pytest.approx(whole.item())
 
 
+def test_whitening_uses_the_sample_variance_inside_the_root_as_trl_and_verl():
+    # the first row's masked entries 1, 2, 3: mean 2, sample variance (1 + 0 + 1) / 2 = 1 (population: 2/3)
+    out = losses.masked_whiten(VALUES[:1], MASK[:1])
+    torch.testing.assert_close(out, torch.tensor([[-1.0, 0.0, 1.0, 0.0]]) / math.sqrt(1.0 + 1e-8), rtol=0, atol=1e-7)
+    both = losses.masked_whiten(VALUES, MASK)          # entries 1, 2, 3, 4: mean 2.5, sample variance 5/3
+    torch.testing.assert_close(both[MASK.bool()], (torch.tensor([1.0, 2.0, 3.0, 4.0]) - 2.5) / math.sqrt(5 / 3 + 1e-8))
+    assert both[~MASK.bool()].abs().sum() == 0
+    one = losses.masked_whiten(VALUES, torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]))
+    assert one.abs().sum() == 0                          # one entry: nothing to scale by, no NaN
+
+
 # --------------------------------------------------------------------------- KL
 
 def test_kl_estimators_by_hand():
