@@ -115,9 +115,12 @@ case "${1:-}" in
         if scored "$a" && scored "$b"; then PAIRS+=(--pair "$a" "$b"); fi
       done
       python benchmarks/search_r1/rescore_summary.py --dir "$RESCORE" "${PAIRS[@]}" \
-        --json "$RUNS/search_r1_v2/rescore_summary.json" | tee "$RUNS/search_r1_v2/rescore_summary.md"
+        --json "$RUNS/search_r1_v2/rescore_summary.json" --png "$RUNS/search_r1_v2/rescore_summary.png" \
+        | tee "$RUNS/search_r1_v2/rescore_summary.md"
     fi
-    compare --seeds 5 --out "$RUNS/compare_issue23_math" --report-only "${MATH[@]}"
+    if [ -d "$RUNS/compare_issue23_math" ]; then   # finished: its report is committed in $RAW
+      compare --seeds 5 --out "$RUNS/compare_issue23_math" --report-only "${MATH[@]}"
+    fi
     if [ -d "$RUNS/compare_issue23_searchqa" ]; then
       compare --seeds 5 --out "$RUNS/compare_issue23_searchqa" --report-only "${SEARCHQA[@]}"
     fi ;;

@@ -108,15 +108,18 @@ def test_bad_input_gets_a_short_error(tmp_path):
     assert r.returncode == 2 and "no such folder" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_cli_writes_markdown_and_json(tmp_path):
-    _write(tmp_path / "rescore", "sft", {0: 0.0, 1: 1.0})
-    _write(tmp_path / "rescore", "a_seed0", {0: 1.0, 1: 1.0})
-    out = tmp_path / "summary.json"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(tmp_path / "rescore"), "--json", str(out)],
-                       capture_output=True, text=True, cwd=ROOT)
+def test_cli_writes_markdown_json_and_png(tmp_path):
+    _write(tmp_path / "rescore", "sft", {0: 0.0, 1: 1.0, 2: 0.5})
+    _write(tmp_path / "rescore", "a_seed0", {0: 1.0, 1: 1.0, 2: 0.5})
+    _write(tmp_path / "rescore", "a_seed1", {0: 0.5, 1: 1.0, 2: 0.75})
+    _write(tmp_path / "rescore", "b_seed0", {0: 0.0, 1: 0.5, 2: 0.5})
+    out, png = tmp_path / "summary.json", tmp_path / "summary.png"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(tmp_path / "rescore"), "--json", str(out),
+                        "--png", str(png), "--pair", "a", "b"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    assert "| `a_seed0` | 1.000 | +0.500" in r.stdout
-    assert json.loads(out.read_text())["arms"]["a"]["success"] == 1.0
+    assert "| `a_seed0` | 0.833 | +0.333" in r.stdout
+    assert json.loads(out.read_text())["arms"]["a"]["success"] == pytest.approx(0.791666, abs=1e-5)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000   # a drawn figure
 
 
 def test_cli_finds_the_committed_records_beside_the_committed_rescores():

@@ -13,7 +13,8 @@
   number, t; Welch's interval over all their seeds where they share fewer than two).
 
   python benchmarks/search_r1/rescore_summary.py --dir runs/search_r1_v2/rescore \\
-      --records runs/search_r1_v2/progress.json --pair ppo_masked grpo_masked --json summary.json
+      --records runs/search_r1_v2/progress.json --pair ppo_masked grpo_masked --json summary.json \\
+      --png summary.png
 
 ``--records`` (the study's ``progress.json``, or the committed ``heldout_records.json``) names each question's
 type; without it the per-type column is left out. Trains and evaluates nothing.
@@ -180,6 +181,43 @@ def markdown(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(summary: Mapping[str, Any], path: Path) -> None:
+    """The intervals as a forest plot: each arm minus the baseline (left) and each ``--pair`` (right), the
+    95 % interval over the questions (thick) and over the seeds (thin, where it exists), 0 marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    base = summary["baseline"]
+    panels = [(f"arm − {base} ({summary['models'][base]['success']:.3f})",
+               [(f"{arm} ({a['success']:.3f}, seeds {','.join(map(str, a['seeds']))})", a["over_questions"],
+                 a["over_seeds"]) for arm, a in summary["arms"].items()]),
+              ("A − B", [(f"{q['a']} − {q['b']}", q["over_questions"], q["over_seeds"]) for q in summary["pairs"]])]
+    panels = [(title, rows) for title, rows in panels if rows]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 0.6 + 0.55 * max(len(r) for _, r in panels)),
+                             squeeze=False)
+    for ax, (title, rows) in zip(axes[0], panels):
+        named: set[str] = set()   # each kind of interval in the legend once
+        for i, (label, questions, seeds) in enumerate(reversed(rows)):
+            for iv, y, width, colour, name in ((questions, i + 0.12, 4, "tab:blue", "over questions"),
+                                               (seeds, i - 0.12, 1.5, "tab:orange", "over seeds")):
+                if iv["low"] is not None:
+                    ax.plot([iv["low"], iv["high"]], [y, y], color=colour, lw=width,
+                            label=None if name in named else name)
+                    named.add(name)
+                ax.plot([iv["diff"]], [y], "o", color=colour, ms=4)
+        ax.axvline(0.0, color="black", lw=0.8)
+        ax.set_yticks(range(len(rows)), [label for label, _, _ in reversed(rows)], fontsize=8)
+        ax.set_ylim(-0.6, len(rows) - 0.4)
+        ax.set_title(f"{title}: sampled success, 95 % intervals", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(f"Sampled re-scores on {summary['questions']} questions", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default="runs/search_r1_v2/rescore", help="the folder rescore_sampled.sh wrote (default %(default)s)")
@@ -190,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair", nargs=2, action="append", default=[], metavar=("A", "B"),
                    help="also report arm A − arm B (repeatable)")
     p.add_argument("--json", default=None, help="also write the numbers to this file")
+    p.add_argument("--png", default=None, help="also draw the intervals (a forest plot) to this PNG")
     args = p.parse_args(argv)
     folder = Path(args.dir)
     if not folder.is_dir():
@@ -206,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(markdown(summary))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
+    if args.png and (summary["arms"] or summary["pairs"]):
+        plot(summary, Path(args.png))
     return 0
 
 
