@@ -219,8 +219,9 @@ def group_normalize(rewards: Sequence[float], group_ids: Sequence[Hashable | Non
                     eps: float = 1e-6) -> list[float]:
     """GRPO advantages: ``(r - mean_group) / (std_group + eps)``; ``scale=False`` is Dr.GRPO's ``r - mean_group``.
 
-    The std is the sample std (as TRL). A ``None`` group id is a group of its own, whose advantage
-    is 0 (nothing to compare with); so is every member of a group with a single member.
+    The std is the sample std (as TRL and veRL; ``eps`` 1e-6 is veRL's, TRL adds 1e-4). A ``None`` group
+    id is a group of its own, whose advantage is 0 (nothing to compare with); so is every member of a group
+    with a single member (veRL instead passes a lone member's reward through as its advantage).
     """
     groups = _groups(group_ids)
     out = [0.0] * len(rewards)
