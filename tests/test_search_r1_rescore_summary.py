@@ -122,6 +122,14 @@ def test_cli_writes_markdown_json_and_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000   # a drawn figure
 
 
+def test_cli_png_with_only_the_baseline_says_so_and_writes_nothing(tmp_path):
+    _write(tmp_path / "rescore", "sft", {0: 0.0, 1: 1.0})
+    png = tmp_path / "summary.png"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(tmp_path / "rescore"), "--png", str(png)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0 and "nothing to draw" in r.stderr and not png.exists()
+
+
 def test_cli_finds_the_committed_records_beside_the_committed_rescores():
     """The committed folder holds heldout_records.json, not progress.json: the per-type column is filled."""
     r = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(RAW / "rescore")], capture_output=True, text=True,

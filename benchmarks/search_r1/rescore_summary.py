@@ -247,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(summary, indent=1))
     if args.png and (summary["arms"] or summary["pairs"]):
         plot(summary, Path(args.png))
+    elif args.png:
+        print(f"--png: nothing to draw (no re-score beside {args.baseline}.json); no PNG written",
+              file=sys.stderr)
     return 0
 
 
