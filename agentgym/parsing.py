@@ -6,14 +6,16 @@ never raises on model output: an env turns the error into an observation and a p
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 __all__ = [
-    "TagMatch", "first_tag", "last_tag_content", "all_tag_contents", "tag_format_errors",
+    "parse_python", "TagMatch", "first_tag", "last_tag_content", "all_tag_contents", "tag_format_errors",
     "ToolCall", "ToolCallParse", "parse_tool_calls",
     "ReActStep", "parse_react",
     "CodeBlock", "extract_code_blocks",
@@ -284,3 +286,15 @@ def extract_boxed(text: str, which: str = "last") -> str | None:
     if not found:
         return None
     return found[0] if which == "first" else found[-1]
+
+
+_AST_LOCK = threading.Lock()
+
+
+def parse_python(source: str, filename: str = "<unknown>", mode: str = "exec") -> ast.AST:
+    """``ast.parse`` one call at a time in this process. CPython 3.11's AST constructor keeps its
+    recursion depth in shared state, and parses in several threads at once (env workers) can fail with
+    ``SystemError: AST constructor recursion depth mismatch`` (python/cpython#106905, fixed in 3.12+).
+    Raises what ``ast.parse`` raises (``SyntaxError``, ``ValueError``)."""
+    with _AST_LOCK:
+        return ast.parse(source, filename, mode)

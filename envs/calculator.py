@@ -7,6 +7,8 @@ import math
 import operator
 from fractions import Fraction
 
+from agentgym.parsing import parse_python
+
 __all__ = ["calculate", "calculator"]
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -52,7 +54,7 @@ def calculate(expression: str) -> int | float | Fraction:
         raise ValueError(f"expression longer than {_MAX_EXPR} characters")
     expression = expression.replace("×", "*").replace("÷", "/").replace("^", "**").replace(",", "")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        tree = parse_python(expression.strip(), mode="eval")
     except SyntaxError as e:
         raise ValueError(f"not an arithmetic expression: {e.msg}") from None
 

@@ -488,3 +488,19 @@ def test_truncate_after_stop_properties(text, stop):
         assert out == text[: text.index(stop) + len(stop)]
     else:
         assert out == text
+
+
+def test_parse_python_from_many_threads_at_once():
+    """CPython 3.11's ast.parse can fail with SystemError when threads parse at once (python/cpython#106905);
+    env workers validate code in threads, so parse_python takes one parse at a time."""
+    import ast
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentgym.parsing import parse_python
+    source = "def f(n):\n" + "".join(f"    if n > {i}:\n        n = [n, [n, (n, {{n: n}})]]\n" for i in range(40)) + "    return n\n"
+    with ThreadPoolExecutor(8) as pool:
+        trees = list(pool.map(lambda _: parse_python(source), range(400)))
+    assert all(isinstance(t, ast.Module) and t.body[0].name == "f" for t in trees)
+    with pytest.raises(SyntaxError):
+        parse_python("def (")
+    assert isinstance(parse_python("1 + 2", mode="eval"), ast.Expression)

@@ -21,13 +21,12 @@ input or expected value, so a repair cannot just hard-code failing cases (``reve
 
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from agentgym import AgentEnv, Reward, Transition
-from agentgym.parsing import extract_code_blocks
+from agentgym.parsing import extract_code_blocks, parse_python
 from agentgym.rewards import CallCost, InvalidActionPenalty, StepEvent
 from agentgym.envs.codeexec.harness import REPORT_MARK
 from agentgym.envs.codeexec.problems import SPLITS, bundled_problems, load_problems, select_split, validate_problem
@@ -417,7 +416,7 @@ class CodeExecEnv(AgentEnv):
 def _syntax_error(code: str) -> dict[str, Any] | None:
     """Python's own syntax error for ``code`` (checked here: no sandbox run needed), or None."""
     try:
-        ast.parse(code, "solution.py")
+        parse_python(code, "solution.py")
     except SyntaxError as e:
         line = (e.text or "").rstrip("\n")
         return {"type": type(e).__name__, "message": f"{e.msg} (line {e.lineno})",

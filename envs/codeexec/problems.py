@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from agentgym.jsonl import read_jsonl
+from agentgym.parsing import parse_python
 
 __all__ = ["ProblemFormatError", "bundled_problems", "load_problems", "load_humaneval_jsonl", "load_mbpp_jsonl",
            "load_agentgym_jsonl", "detect_format", "validate_problem", "BUNDLED_PATH", "SPLITS", "split_of",
@@ -72,7 +73,7 @@ def _string(obj: dict[str, Any], key: str, where: str, *, allow_empty: bool = Fa
 
 def _check_python(source: str, what: str, where: str) -> None:
     try:
-        ast.parse(source)
+        parse_python(source)
     except (SyntaxError, ValueError) as e:
         raise ProblemFormatError(f"{where}: {what} is not valid Python ({type(e).__name__}: {e})") from None
 
@@ -139,7 +140,7 @@ def _humaneval_tests(test: str, entry_point: str, where: str) -> list[dict[str, 
     """HumanEval's ``check(candidate)`` as tests: one per assert when its body is only asserts (so the
     pass rate is graded), else the whole check as one test."""
     try:
-        tree = ast.parse(test)
+        tree = parse_python(test)
     except (SyntaxError, ValueError) as e:
         raise ProblemFormatError(f"{where}: 'test' is not valid Python ({type(e).__name__}: {e})") from None
     checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
