@@ -294,7 +294,8 @@ _AST_LOCK = threading.Lock()
 def parse_python(source: str, filename: str = "<unknown>", mode: str = "exec") -> ast.AST:
     """``ast.parse`` one call at a time in this process. CPython 3.11's AST constructor keeps its
     recursion depth in shared state, and parses in several threads at once (env workers) can fail with
-    ``SystemError: AST constructor recursion depth mismatch`` (python/cpython#106905, fixed in 3.12+).
+    ``SystemError: AST constructor recursion depth mismatch`` (python/cpython#106905; reported from threaded
+    programs, and seen here on 3.11.7).
     Raises what ``ast.parse`` raises (``SyntaxError``, ``ValueError``)."""
     with _AST_LOCK:
         return ast.parse(source, filename, mode)
