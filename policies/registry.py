@@ -21,7 +21,8 @@ import sys
 from typing import Any, Callable, Mapping
 
 __all__ = ["POLICY_BACKENDS", "SPEC_BACKENDS", "BackendUnavailable", "register_backend", "backend_names",
-           "backend_class", "require_registered", "spec_backend", "names_own_backend", "default_backend", "resolve_backend", "check_backend",
+           "backend_class", "require_registered", "spec_backend", "names_own_backend", "default_backend",
+           "resolve_backend", "check_backend",
            "trainable_backend"]
 
 #: ``backend=`` names -> ``"module:Class"`` (or a Backend subclass); the first is the fallback

@@ -497,7 +497,8 @@ def test_parse_python_from_many_threads_at_once():
     from concurrent.futures import ThreadPoolExecutor
 
     from agentgym.parsing import parse_python
-    source = "def f(n):\n" + "".join(f"    if n > {i}:\n        n = [n, [n, (n, {{n: n}})]]\n" for i in range(40)) + "    return n\n"
+    nested = "".join(f"    if n > {i}:\n        n = [n, [n, (n, {{n: n}})]]\n" for i in range(40))
+    source = "def f(n):\n" + nested + "    return n\n"
     with ThreadPoolExecutor(8) as pool:
         trees = list(pool.map(lambda _: parse_python(source), range(400)))
     assert all(isinstance(t, ast.Module) and t.body[0].name == "f" for t in trees)
