@@ -6,6 +6,8 @@ on a GPU also decode tokens/s of a 0.5B-class model against the memory-bandwidth
     python benchmarks/learner_throughput.py --model-config smollm2-135m --prompt-len 32 --completion-len 32 ...
     # GPU (needs trl for the learner comparison; without it only our side runs):
     python benchmarks/learner_throughput.py --device cuda --model-config qwen2.5-0.5b --decode --out FILE
+    # where the time goes: one more update per side under torch.profiler, its 20 costliest ops
+    python benchmarks/learner_throughput.py --device cuda --model-config qwen2.5-0.5b --profile 20 ...
 
 Models have random weights built from a published config (speed does not depend on the values):
 ``tiny`` (2-layer Llama, hidden 64, the SmolLM2 vocabulary of 49 152, as the tests use),
@@ -190,6 +192,20 @@ class TRLSide:
         return time.perf_counter() - t0
 
 
+def profile_step(side: Any, args: argparse.Namespace) -> str:
+    """One update of ``side`` under ``torch.profiler``: the table of its ``args.profile`` costliest ops by
+    self time on the device (on CPU, self CPU time), printed and returned (where does the time go?)."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = args.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        side.step()
+    table = prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                      row_limit=args.profile)
+    print(f"[profile] {side.name}, one update:\n{table}", flush=True)
+    return table
+
+
 def trl_tokenizer(vocab: int) -> Any:
     """TRL's trainer wants a processing class (it reads only the pad/EOS ids here: the completions are
     given). The SmolLM2 tokenizer when it loads, else a two-token tokenizer built in memory (GPU
@@ -278,6 +294,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="timed updates per side (after 1 warm-up)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--skip-learner", action="store_true")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="after timing, profile one more update per side (torch.profiler) and print its N "
+                         "costliest ops by self time on the device (CPU time on CPU); 0: no profile")
     ap.add_argument("--decode", action="store_true", help="also measure decode tokens/s (meant for a GPU)")
     ap.add_argument("--decode-batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--decode-prompt-len", type=int, default=128)
@@ -342,6 +361,8 @@ def main() -> None:
                       f"{s['loss_tokens_per_s']:9.1f} loss tokens/s")
         if "ours_speedup_vs_trl" in summary:
             print(f"ours / TRL throughput (median of paired repeats): {summary['ours_speedup_vs_trl']:.2f}x")
+        if args.profile:
+            results["learner"]["profile"] = {s.name: profile_step(s, args) for s in sides}
         del sides, base
 
     if args.decode:

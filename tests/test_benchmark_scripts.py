@@ -19,7 +19,7 @@ def test_learner_throughput_runs_both_sides_on_the_tiny_model(tmp_path):
     out = tmp_path / "lt.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learner_throughput.py"), "--model-config", "tiny",
                         "--batch", "4", "--group-size", "2", "--prompt-len", "8", "--completion-len", "8",
-                        "--repeats", "1", "--threads", "1", "--out", str(out)],
+                        "--repeats", "1", "--threads", "1", "--profile", "5", "--out", str(out)],
                        capture_output=True, text=True, env=ENV, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     learner = json.loads(out.read_text())["learner"]
@@ -27,6 +27,11 @@ def test_learner_throughput_runs_both_sides_on_the_tiny_model(tmp_path):
     for side in ("agentgym GRPOLearner", "trl GRPOTrainer"):
         assert learner[side]["median_s"] > 0 and learner[side]["tokens_per_s"] > 0
     assert learner["ours_speedup_vs_trl"] > 0
+    # --profile: one more update per side under torch.profiler, its costliest ops in a table
+    for side in ("agentgym GRPOLearner", "trl GRPOTrainer"):
+        table = learner["profile"][side]
+        assert "Self CPU" in table and "aten::" in table, table[:500]
+        assert f"[profile] {side}, one update:" in r.stdout
 
 
 # ----------------------------------------------------------------------------- the other scripts
