@@ -123,3 +123,23 @@ def test_save_keeps_the_recorded_run_when_its_folder_holds_a_retrain(tmp_path):
     assert (raw / "grpo_masked_seed0" / "train_log.csv").read_text().endswith("2,0.2\n")
     assert (raw / "grpo_masked_seed0" / "retrained" / "train_log.csv").read_text().endswith("2,0.4\n")
     assert (raw / "grpo_masked_seed0" / "retrained" / "retrained.json").is_file()
+
+
+def test_save_leaves_the_committed_records_alone_when_they_have_not_changed(tmp_path):
+    """A study restored on a new machine holds the committed records, its phases in another order: saving it
+    must not rewrite the committed file (a diff of thousands of lines that changes nothing)."""
+    rp = _load("restore_progress")
+    runs, raw = tmp_path / "runs", tmp_path / "committed"
+    runs.mkdir(), raw.mkdir()
+    rec = {"sft": [[{"task_index": 0, "em": 1.0}]], "none_base": [[{"task_index": 0, "em": 0.0}]]}
+    committed = json.dumps({"note": "kept", "records": rec}, indent=1)
+    (raw / "heldout_records.json").write_text(committed)
+    reordered = {"none_base": rec["none_base"], "sft": rec["sft"]}
+    (runs / "progress.json").write_text(json.dumps({"records": reordered, "rl": {}}))
+    rp.save(runs, raw)
+    assert (raw / "heldout_records.json").read_text() == committed          # byte for byte
+    reordered["sft"] = [[{"task_index": 0, "em": 0.0}]]                     # a record that did change
+    (runs / "progress.json").write_text(json.dumps({"records": reordered, "rl": {}}))
+    rp.save(runs, raw)
+    saved = json.loads((raw / "heldout_records.json").read_text())
+    assert saved == {"note": "kept", "records": reordered}

@@ -80,9 +80,11 @@ def save(runs_dir: Path, raw: Path) -> list[str]:
     state = json.loads((runs_dir / "progress.json").read_text())
     raw.mkdir(parents=True, exist_ok=True)
     out = raw / "heldout_records.json"
-    note = (json.loads(out.read_text()).get("note") if out.exists() else None) or (
-        "held-out per-question records (greedy EM) of the finished runs, from RUNS_DIR/progress.json")
-    out.write_text(json.dumps({"note": note, "records": state["records"]}, indent=1))
+    committed = json.loads(out.read_text()) if out.exists() else {}
+    if committed.get("records") != state["records"]:   # the same records (a restored study): the file stays as it is
+        note = committed.get("note") or (
+            "held-out per-question records (greedy EM) of the finished runs, from RUNS_DIR/progress.json")
+        out.write_text(json.dumps({"note": note, "records": state["records"]}, indent=1))
     copied = []
     for key, runs in state["rl"].items():
         for seed in range(len(runs)):
