@@ -308,6 +308,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.batch % args.group_size:
         raise SystemExit("--batch must be a multiple of --group-size")
+    if args.profile < 0:
+        raise SystemExit("--profile must be >= 0 (the number of ops to list; 0: no profile)")
     if args.threads:
         torch.set_num_threads(args.threads)
     import importlib.metadata as md

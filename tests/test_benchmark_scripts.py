@@ -34,6 +34,12 @@ def test_learner_throughput_runs_both_sides_on_the_tiny_model(tmp_path):
         assert f"[profile] {side}, one update:" in r.stdout
 
 
+def test_learner_throughput_refuses_a_negative_profile_count():
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learner_throughput.py"), "--profile", "-1"],
+                       capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode != 0 and "--profile must be >= 0" in r.stderr and "Traceback" not in r.stderr
+
+
 # ----------------------------------------------------------------------------- the other scripts
 def _run(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """``benchmarks/<script> args`` as a user runs it; fails the test with its stderr if it fails."""

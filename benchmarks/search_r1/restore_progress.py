@@ -81,7 +81,7 @@ def save(runs_dir: Path, raw: Path) -> list[str]:
     raw.mkdir(parents=True, exist_ok=True)
     out = raw / "heldout_records.json"
     committed = json.loads(out.read_text()) if out.exists() else {}
-    if committed.get("records") != state["records"]:   # the same records (a restored study): the file stays as it is
+    if committed.get("records") != state["records"]:   # unchanged records (a restored study) leave the file as it is
         note = committed.get("note") or (
             "held-out per-question records (greedy EM) of the finished runs, from RUNS_DIR/progress.json")
         out.write_text(json.dumps({"note": note, "records": state["records"]}, indent=1))
