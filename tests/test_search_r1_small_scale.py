@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -97,10 +98,14 @@ def test_small_scale_rl_beats_no_search(tmp_path):
     must exceed the base model's no-search EM by at least 0.20. Measured 2026-11-24 with these settings
     (the SFT model reused from the recorded run): RL 0.300, no-search 0.000, SFT only 0.400. At lr 1e-5
     the same seed stopped searching after one update (EM 0.100), hence Search-R1's lr here.
-    About 12 min on 1 CPU thread."""
+    Time (issue 23 asks for under 10 min), quiet 2-core AMD EPYC family 26 model 2 (Zen 5), 2026-11-28:
+    10 min 51 s on 1 torch thread, 7 min 03 s on 2 (SFT 372 -> 236 s), the same result on both
+    (RL 0.333, SFT only 0.400, no search 0.000); so it takes up to 2 threads, as an opt-in run has the
+    machine to itself."""
     mod = _module()
     out = tmp_path / "out"
-    rc = mod.main(["--threads", "1", "--eval-per-type", "10", "--sft-episodes", "64", "--seeds", "1",
+    threads = str(min(2, os.cpu_count() or 1))
+    rc = mod.main(["--threads", threads, "--eval-per-type", "10", "--sft-episodes", "64", "--seeds", "1",
                    "--arms", "grpo_masked", "--steps", "2", "--groups", "2", "--group-size", "4",
                    "--override", "learner.lr=1e-6", "--n-boot", "2000",
                    "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
