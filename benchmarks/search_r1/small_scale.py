@@ -15,7 +15,7 @@ trained once and shared by all RL seeds; each RL arm runs ``--seeds`` seeds (see
 seed). RL settings come from ``configs/smollm2_small.yaml`` (the real config loader), SFT settings
 from the flags below. EM is the env's ``success``: Search-R1's normalisation (``normalize_answer``).
 
-Statistics (``agentgym/stats.py``): per arm, EM per question is averaged over the arm's seeds and a
+Statistics (``agentgym/app/stats.py``): per arm, EM per question is averaged over the arm's seeds and a
 percentile bootstrap over questions (``bootstrap_ci``) gives the 95 % CI (seeds held fixed: the CI
 covers question sampling, not seed-to-seed variation, which is reported separately as per-seed EM
 and a t interval over seeds). Comparisons are paired bootstraps over questions (``paired_bootstrap_ci``).
