@@ -275,16 +275,23 @@ def test_full_history_wrapper(env_id):
     obs, info = env.reset(seed=0)
     first = list(obs)
     assert obs == env.unwrapped.initial_messages(info["privileged"]["task"])
-    obs, *_ = env.step("first try")
+    obs, _, terminated, truncated, _ = env.step("first try")
     new = env.unwrapped.messages[len(first) + 1:]
     assert obs == first + [{"role": "assistant", "content": "first try"}] + new
-    obs2, *_ = env.step("second try")
-    assert obs2[:len(obs)] == obs
-    assert obs2[len(obs)] == {"role": "assistant", "content": "second try"}
-    assert obs2 == env.unwrapped.messages
-    assert env.observation_space.contains(obs2)
-    obs2.append({"role": "user", "content": "mutating the returned list"})
-    assert env.unwrapped.messages[-1]["content"] != "mutating the returned list"
+    # Plain text may be a final answer (BFCL: no call is the answer) and a single-turn env ends after one
+    # reply; the second step is checked wherever the episode goes on.
+    if not (terminated or truncated):
+        obs2, *_ = env.step("second try")
+        assert obs2[:len(obs)] == obs
+        assert obs2[len(obs)] == {"role": "assistant", "content": "second try"}
+        assert obs2 == env.unwrapped.messages
+        assert env.observation_space.contains(obs2)
+        obs2.append({"role": "user", "content": "mutating the returned list"})
+        assert env.unwrapped.messages[-1]["content"] != "mutating the returned list"
+    else:
+        assert env.observation_space.contains(obs)
+        obs.append({"role": "user", "content": "mutating the returned list"})
+        assert env.unwrapped.messages[-1]["content"] != "mutating the returned list"
     obs, _ = env.reset(seed=1)
     assert obs == env.unwrapped.messages and len(obs) == len(first)
 
