@@ -3,11 +3,11 @@
 The kernel: env base class and spaces, registry, reward shapers, tools and action parsers.
 Concrete parts live in ``agentgym.envs``, ``agentgym.policies`` and ``agentgym.algorithms``; the
 application (command line, reports, run directories, evaluation, statistics, env checks) in the
-``app/`` subpackage. Their old paths (``agentgym.cli``, ``agentgym.stats``, ...) still import, with
-a DeprecationWarning (:mod:`agentgym._moved`).
+``app/`` subpackage (``agentgym.app.cli``, ``agentgym.app.stats``, ...), reached only by those paths:
+no compatibility aliases before 1.0, a name lives in the one module that defines it.
 """
 
-from agentgym import _moved, parsing, rewards
+from agentgym import parsing, rewards
 from agentgym.core import AgentEnv, Transition
 from agentgym.registry import NAMESPACE, list_envs, make, register, spec
 from agentgym.rewards import Reward, StepEvent, shaper
@@ -25,4 +25,3 @@ __all__ = [
 ]
 
 _register_builtins()
-_moved.install()

@@ -15,8 +15,8 @@ import typing
 from pathlib import Path
 from typing import Any, Collection, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
-__all__ = ["ConfigError", "from_dict", "to_dict", "load_config", "apply_overrides", "save_config", "canonical_key",
-           "same_config",
+__all__ = ["ConfigError", "from_dict", "to_dict", "load_config", "apply_overrides", "parse_value", "save_config",
+           "canonical_key", "same_config",
            "ConfigField", "config_fields", "format_config_table"]
 
 T = TypeVar("T")
@@ -234,7 +234,11 @@ def same_config(recorded: Mapping[str, Any], current: Mapping[str, Any], default
     return True
 
 
-def _parse_value(text: str) -> Any:
+def parse_value(text: str) -> Any:
+    """The value of a ``KEY=VALUE`` on any command line, read as YAML (JSON is YAML too): ``3`` is an int,
+    ``'{exact_match: 1, brevity: 0.1}'`` a mapping, ``[1, 2]`` a list; text that is not YAML stays a
+    string. The one parser of every command's values (``train`` overrides and ``eval -e`` alike), so a
+    value the docs show works wherever it is typed."""
     import yaml
     try:
         return yaml.safe_load(text)
@@ -255,7 +259,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key!r}: {p!r} is not a section")
-        node[parts[-1]] = _parse_value(raw)
+        node[parts[-1]] = parse_value(raw)
     return data
 
 
@@ -343,7 +347,7 @@ def _drop_foreign_defaults(cls: type, data: dict[str, Any], loaded: Mapping[str,
         for o in overrides:
             key, sep, raw = o.partition("=")
             if sep and key.strip() == owner:
-                chosen = _parse_value(raw)
+                chosen = parse_value(raw)
         if chosen != data.get(owner):
             data[f.name] = type(data[f.name])() if isinstance(data[f.name], (dict, list)) else None
 

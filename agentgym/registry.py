@@ -34,6 +34,10 @@ BUILTIN_ENVS: dict[str, str] = {
     "CodeExec-v0": "agentgym.envs.codeexec.env:CodeExecEnv",
     "Math-v0": "agentgym.envs.mathrl.env:MathEnv",
     "ReAct-v0": "agentgym.envs.react:ReActEnv",
+    "HumanEval-v0": "agentgym.envs.humaneval:HumanEvalEnv",
+    "BFCL-v0": "agentgym.envs.bfcl:BFCLEnv",
+    "ReasoningGym-v0": "agentgym.envs.reasoninggym:ReasoningGymEnv",
+    "OpenEnv-v0": "agentgym.envs.openenv_remote:OpenEnvEnv",
 }
 
 

@@ -6,10 +6,10 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-__all__ = ["latest_checkpoint", "checkpoint_step", "finished_run", "interrupted_run", "TrainingInterrupted", "WholeSteps",
-           "release_memory", "rss_bytes"]
+__all__ = ["latest_checkpoint", "checkpoint_step", "finished_run", "interrupted_run", "discard_unstarted",
+           "TrainingInterrupted", "WholeSteps", "release_memory", "rss_bytes"]
 
 
 def latest_checkpoint(out: str | Path) -> Path | None:
@@ -44,6 +44,20 @@ def interrupted_run(out: str | Path) -> bool:
     except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
         return False
     return latest_checkpoint(out) is not None and finished_run(out, steps) is None
+
+
+def discard_unstarted(out: str | Path, step: int, resume: bool, log: Callable[[str], None]) -> None:
+    """A new run (not a resumed one) that stopped before its first step — a late error in the first eval or
+    rollout, Ctrl-C there — has nothing to keep or continue: its folder is emptied
+    (:func:`agentgym.app.runs.discard_unstarted_run`), so the corrected command runs again in the same
+    ``output_dir`` instead of being refused, or moved to ``runs/train-1``. Says what it removed."""
+    if step or resume:
+        return
+    from agentgym.app.runs import discard_unstarted_run
+    removed = discard_unstarted_run(out)
+    if removed:
+        log(f"[train] stopped before its first step: removed {', '.join(removed)} from {out}, so the same "
+            "command can run there again")
 
 
 class TrainingInterrupted(KeyboardInterrupt):

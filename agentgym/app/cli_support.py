@@ -3,24 +3,29 @@ loader, the pre-load run checks, the metrics table and the torch thread count.""
 
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
-__all__ = ["parse_kv", "require_env", "load_policy", "validate_run", "print_metrics", "set_threads"]
+__all__ = ["split_kv", "parse_kv", "require_env", "load_policy", "check_env_arguments", "check_model", "validate_run",
+           "print_metrics", "set_threads"]
 
 
-def parse_kv(pairs: Sequence[str] | None) -> dict[str, Any]:
-    """``key=value`` pairs; values are parsed as JSON when possible (``max_turns=3``)."""
-    out: dict[str, Any] = {}
+def split_kv(pairs: Sequence[str] | None) -> list[tuple[str, str]]:
+    """``key=value`` words as (key, raw value text); a word without ``=`` is a usage error."""
+    out = []
     for p in pairs or []:
         if "=" not in p:
             raise SystemExit(f"error: expected key=value, got {p!r}")
         k, v = p.split("=", 1)
-        try:
-            out[k] = json.loads(v)
-        except json.JSONDecodeError:
-            out[k] = v
+        out.append((k, v))
     return out
+
+
+def parse_kv(pairs: Sequence[str] | None) -> dict[str, Any]:
+    """``key=value`` pairs (``-e`` / ``--env-kwarg``), each value read by the one parser of command-line
+    values (:func:`agentgym.config.parse_value`: YAML, so JSON too): ``max_turns=3`` is an int and
+    ``reward='{exact_match: 1, brevity: 0.1}'`` a mapping, as in ``agentgym train`` overrides."""
+    from agentgym.config import parse_value
+    return {k: parse_value(v) for k, v in split_kv(pairs)}
 
 
 def require_env(env_id: str) -> str:
@@ -54,19 +59,54 @@ def load_policy(spec: str, env_id: str | None = None, *, device: str | None = No
         raise ConfigError(f"policy: {e}") from None
 
 
+def check_env_arguments(env_id: str, env_kwargs: Any, eval_env_kwargs: Any = None) -> None:
+    """A run's env arguments, before any model loads: names and types against the env's signature
+    (:func:`agentgym.registry.check_run_env_kwargs`); then a reward given as data (``env_kwargs.reward``:
+    term weights, ``module.path:attr`` shapers) is resolved by building the env once and closing it, so a
+    misspelt shaper module or term name fails here in one line — not after the model loaded and the run
+    folder was written. Only when a ``reward`` is given: building some envs costs (a corpus, a sandbox),
+    and an env's own default reward needs no check."""
+    from agentgym.registry import check_run_env_kwargs
+    check_run_env_kwargs(env_id, env_kwargs, eval_env_kwargs)
+    if (env_kwargs or {}).get("reward") is not None:
+        _build_once(env_id, "env_kwargs", dict(env_kwargs))
+    if (eval_env_kwargs or {}).get("reward") is not None:
+        _build_once(env_id, "eval.env_kwargs", {**(env_kwargs or {}), **eval_env_kwargs})
+
+
+def _build_once(env_id: str, key: str, kwargs: dict[str, Any]) -> None:
+    """Build the env with ``kwargs`` and close it; its ValueError / TypeError (a reward that does not
+    resolve) becomes a ConfigError naming ``key``."""
+    import agentgym
+    from agentgym.config import ConfigError
+    try:
+        env = agentgym.make(env_id, **kwargs)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{key}: {e}") from None
+    env.close()
+
+
 def validate_run(cfg: Any) -> None:
-    """What can be checked before a model is loaded: the env is registered and takes these arguments,
-    the model spec exists (config values themselves are checked when the config is built)."""
+    """What can be checked before a model is loaded: the env is registered and takes these arguments
+    (a reward given as data resolves: :func:`check_env_arguments`) and the model spec exists. Config
+    values themselves (an ``--import`` module's algo or backend names too: those modules are imported
+    first) are checked when the config is built."""
+    env_id = require_env(cfg.env)
+    check_env_arguments(env_id, getattr(cfg, "env_kwargs", None),
+                        getattr(getattr(cfg, "eval", None), "env_kwargs", None))
+    check_model(cfg.model, "model")
+
+
+def check_model(spec: str, key: str) -> None:
+    """A model spec (``model=`` of a run, ``eval --policy``) that names no model fails at once, in one line
+    naming ``key``: before torch and transformers are imported, so a mistyped run folder or a hub id that
+    cannot be had offline is said in about a second (:func:`agentgym.policies.loading.check_model_spec`)."""
     from agentgym.config import ConfigError
     from agentgym.policies.loading import check_model_spec
-    from agentgym.registry import check_run_env_kwargs
-    env_id = require_env(cfg.env)
-    check_run_env_kwargs(env_id, getattr(cfg, "env_kwargs", None),
-                         getattr(getattr(cfg, "eval", None), "env_kwargs", None))
     try:
-        check_model_spec(cfg.model)
+        check_model_spec(spec)
     except FileNotFoundError as e:
-        raise ConfigError(f"model: {e}") from None
+        raise ConfigError(f"{key}: {e}") from None
 
 
 def print_metrics(metrics: dict[str, float], title: str, std: dict[str, float] | None = None) -> None:

@@ -10,10 +10,10 @@ import math
 import sys
 from typing import Any, Sequence
 
-from agentgym.app.cli_support import load_policy, parse_kv, print_metrics, require_env, set_threads
-from agentgym.registry import check_run_env_kwargs
+from agentgym.app.cli_support import (check_env_arguments, check_model, load_policy, parse_kv, print_metrics,
+                                      require_env, set_threads, split_kv)
 
-__all__ = ["cmd_list", "cmd_play", "cmd_check", "cmd_eval", "cmd_sandbox", "cmd_retriever_build",
+__all__ = ["cmd_list", "cmd_serve", "cmd_play", "cmd_check", "cmd_eval", "cmd_sandbox", "cmd_retriever_build",
            "cmd_retriever_serve", "cmd_retriever_prep"]
 
 
@@ -158,7 +158,8 @@ def _eval_config(args: argparse.Namespace) -> Any:
         env_id = None
     pre = [f"env={json.dumps(env_id)}"] if env_id else []
     pre += [f"{k}={json.dumps(getattr(args, k))}" for k in _EVAL_FLAGS if hasattr(args, k)]
-    pre += [f"env_kwargs.{k}={json.dumps(v)}" for k, v in parse_kv(getattr(args, "env_kwarg", None)).items()]
+    # -e values as typed: the config reads them with the one value parser, as it reads train's overrides
+    pre += [f"env_kwargs.{k}={v}" for k, v in split_kv(getattr(args, "env_kwarg", None))]
     cfg = load_config(EvalRunConfig, args.config, pre + overrides)
     layout = _run_layout(cfg.policy)  # a run directory: evaluate with the layout it was trained with
     if layout:
@@ -250,7 +251,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agentgym.rollout import summarize
     cfg = _eval_config(args)
     env_id = require_env(cfg.env)
-    check_run_env_kwargs(env_id, cfg.env_kwargs)
+    check_env_arguments(env_id, cfg.env_kwargs)   # names, types, and a reward given as data resolves
+    check_model(cfg.policy, "policy")             # a mistyped folder or hub id: at once, before torch imports
     baseline = _eval_baseline(cfg, env_id)  # before the eval: a wrong file is said at once, not after it
     _prepare_outputs(cfg)
     set_threads(getattr(args, "threads", None), verbose=True)
@@ -348,6 +350,32 @@ def cmd_retriever_serve(args: argparse.Namespace) -> int:
     print(f"serving {args.index} on http://{args.host}:{port}/retrieve (Search-R1 protocol)", flush=True)
     serve(retriever, max_topk=args.max_topk, default_topk=min(DEFAULT_TOPK, args.max_topk),
           max_request_bytes=args.max_request_bytes, sock=sock)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``agentgym serve ENV_ID``: the env over OpenEnv's protocol until Ctrl-C / SIGTERM; the first stdout
+    line names the URL (``--port 0`` binds a free port)."""
+    from agentgym.adapters.openenv_server import ServeLimits, bind, create_app, serve
+    from agentgym.app.cli import _load_plugins
+    if args.serve_imports:
+        _load_plugins(args.serve_imports)   # `serve ENV --import mypkg.envs`, as `--import` before the command
+    env_id = require_env(args.env_id)
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
+    if args.max_sessions < 1:
+        raise ValueError(f"--max-sessions must be >= 1, got {args.max_sessions}")
+    kwargs = {**parse_kv(args.overrides), **parse_kv(args.env_kwarg)}
+    limits = ServeLimits(max_sessions=args.max_sessions, max_message_bytes=max(1024, args.max_message_bytes))
+    try:  # the port first: "in use" is then the only thing printed
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        print(f"error: cannot serve on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    app = create_app(env_id, kwargs, limits)
+    print(f"serving {env_id} on http://{args.host}:{sock.getsockname()[1]} (OpenEnv protocol: /ws, /reset, /step, "
+          f"/schema, /health; up to {args.max_sessions} sessions)", flush=True)
+    serve(app, sock, limits)
     return 0
 
 

@@ -9,7 +9,7 @@ import argparse
 from typing import Any, Callable
 
 from agentgym.app.commands import (cmd_check, cmd_config, cmd_eval, cmd_list, cmd_play, cmd_retriever_build, cmd_retriever_prep,
-                                   cmd_retriever_serve, cmd_sandbox)
+                                   cmd_retriever_serve, cmd_sandbox, cmd_serve)
 from agentgym.app.run_commands import cmd_compare, cmd_dpo, cmd_sft, cmd_train
 
 __all__ = ["build_parser", "SUBCOMMANDS"]
@@ -38,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--threads", type=int, default=argparse.SUPPRESS, metavar="N",
                             help="torch CPU threads (default: cores not already busy, re-checked during the run)")
     return parser
+
+
+def _knobs(which: str, what: str = "every config knob") -> str:
+    """The help epilog of a command that takes KEY=VALUE overrides: where its knobs are listed."""
+    return (f"Where the knobs are: `agentgym config {which}` lists {what}, each with its type, default and "
+            "one-line help (set as KEY=VALUE, --KEY VALUE or in --config YAML).")
 
 
 def add_list(sub: Any) -> None:
@@ -79,7 +85,8 @@ def add_eval(sub: Any) -> None:
     from agentgym.policies.registry import backend_names
     p = sub.add_parser("eval", help="evaluate a policy or checkpoint on an env's held-out tasks (mean and std)",
                        description="Flags set EvalRunConfig fields; --config FILE and KEY=VALUE overrides work as in "
-                                   "`agentgym train` (defaults < file < flags < overrides).")
+                                   "`agentgym train` (defaults < file < flags < overrides).",
+                       epilog=_knobs("eval"))
     S = argparse.SUPPRESS  # flags only count when given, so a --config file's values stand otherwise
     p.add_argument("env_id", nargs="?", default=None, help="env id (or env=... in the config)")
     p.add_argument("--config", default=None, help="YAML file with EvalRunConfig fields")
@@ -169,6 +176,22 @@ def _add_retriever_prep(rsub: Any) -> None:
     q.set_defaults(func=cmd_retriever_prep)
 
 
+def add_serve(sub: Any) -> None:
+    """``agentgym serve ENV_ID``: an env over OpenEnv's protocol (agentgym/adapters/openenv_server.py)."""
+    p = sub.add_parser("serve", help="serve an env over OpenEnv's protocol (WebSocket /ws, /reset, /step, /schema)")
+    p.add_argument("env_id", help="registered env id, e.g. Arithmetic-v0 (your own: --import MODULE)")
+    p.add_argument("--host", default="127.0.0.1", help="default loopback; 0.0.0.0 exposes it to the network")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: a free one, printed)")
+    p.add_argument("--max-sessions", type=int, default=64, help="WebSocket sessions at once (default 64); "
+                                                                "more get OpenEnv's CAPACITY_REACHED")
+    p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest client frame (default 1 MiB)")
+    p.add_argument("--import", dest="serve_imports", action="append", metavar="MODULE",
+                   help="import a module that registers your own envs first (repeatable)")
+    p.add_argument("--env-kwarg", "-e", action="append", metavar="KEY=VALUE", help="env constructor argument")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="env constructor arguments, e.g. max_turns=6")
+    p.set_defaults(func=cmd_serve)
+
+
 def add_sandbox(sub: Any) -> None:
     """``agentgym sandbox ...``: the sandbox package parses its own arguments."""
     p = sub.add_parser("sandbox", help="code sandboxes: build-image (docker, offline), status (which backends work)",
@@ -180,21 +203,24 @@ def add_sandbox(sub: Any) -> None:
 
 def add_train(sub: Any) -> None:
     """``agentgym train``"""
-    p = sub.add_parser("train", help="train a policy with REINFORCE / PPO / GRPO (defaults: a short CPU run)")
+    p = sub.add_parser("train", help="train a policy with REINFORCE / PPO / GRPO (defaults: a short CPU run)",
+                       epilog=_knobs("train"))
     _add_run_arguments(p, "TrainConfig", "e.g. algo=ppo learner.lr=1e-5 steps=20 backend=vllm", resume=True)
     p.set_defaults(func=cmd_train)
 
 
 def add_sft(sub: Any) -> None:
     """``agentgym sft``"""
-    p = sub.add_parser("sft", help="SFT warm-up on successful episodes (oracle by default) with trl.SFTTrainer")
+    p = sub.add_parser("sft", help="SFT warm-up on successful episodes (oracle by default) with trl.SFTTrainer",
+                       epilog=_knobs("sft"))
     _add_run_arguments(p, "SFTRunConfig", "e.g. model=smollm2 data.episodes=128 optim.lr=1e-5")
     p.set_defaults(func=cmd_sft)
 
 
 def add_dpo(sub: Any) -> None:
     """``agentgym dpo``"""
-    p = sub.add_parser("dpo", help="DPO on best-vs-worst sampled episodes per task with trl.DPOTrainer")
+    p = sub.add_parser("dpo", help="DPO on best-vs-worst sampled episodes per task with trl.DPOTrainer",
+                       epilog=_knobs("dpo"))
     _add_run_arguments(p, "DPORunConfig", "e.g. model=runs/sft beta=0.1 loss_type=sigmoid")
     p.set_defaults(func=cmd_dpo)
 
@@ -212,7 +238,8 @@ def _add_run_arguments(p: Any, config: str, example: str, resume: bool = False) 
 
 def add_compare(sub: Any) -> None:
     """``agentgym compare``"""
-    p = sub.add_parser("compare", help="compare learners (or variants of one) on one env: same tasks, seeds, budget")
+    p = sub.add_parser("compare", help="compare learners (or variants of one) on one env: same tasks, seeds, budget",
+                       epilog=_knobs("train", "the TrainConfig overrides every run shares"))
     p.add_argument("--env", default=None, help="env id (default: the config's; without --config, agentgym train's default)")
     p.add_argument("--algos", default="reinforce,ppo,grpo",
                    help="comma-separated ALGO[:key=value[:key=value]] (reinforce, ppo, grpo, rloo, gspo, cispo, "
@@ -230,10 +257,17 @@ def add_compare(sub: Any) -> None:
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: write compare.md/csv/json/png from the runs already finished in --out, on "
                         "the seeds every algo finished (an interim report of a study still running)")
+    p.add_argument("--primary", default=None, metavar="METRIC",
+                   help="the metric the comparison is about, declared before it runs (default eval_success_after: "
+                        "held-out success on the eval split; --resume keeps the recorded one and refuses another); "
+                        "also eval_reward_after, final_reward, final_success, auc_reward")
+    p.add_argument("--exploratory", default="", metavar="METRIC[,METRIC]",
+                   help="metrics looked at after the declaration (e.g. after seeing test results): reported, "
+                        "labelled exploratory")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="TrainConfig overrides for every run")
     p.set_defaults(func=cmd_compare)
 
 
 #: every subcommand, in ``agentgym --help`` order
 SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (add_list, add_config, add_play, add_check, add_eval, add_retriever,
-                                                  add_sandbox, add_train, add_sft, add_dpo, add_compare)
+                                                  add_serve, add_sandbox, add_train, add_sft, add_dpo, add_compare)

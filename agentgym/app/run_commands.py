@@ -104,7 +104,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         result = Trainer(cfg).train(resume=args.resume, prepared=prepared)
     except TrainingInterrupted as stop:
-        if stop.checkpoint is None:
+        if stop.checkpoint is None and stop.step == 0 and not args.resume:   # its folder was emptied
+            print(f"\n[train] interrupted before the first step finished: nothing was kept. Run the same command "
+                  f"again to start it in {cfg.output_dir}.", file=sys.stderr)
+        elif stop.checkpoint is None:
             print(f"\n[train] interrupted at step {stop.step}, before the first checkpoint: nothing to continue "
                   f"from. `{_resume_command(args, cfg.output_dir)}` starts it over in {cfg.output_dir}.",
                   file=sys.stderr)
@@ -159,7 +162,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         result = compare(args.algos, _int_list(args.seeds, "--seeds"), steps, env=args.env, config=args.config,
                          overrides=args.overrides, out_dir=args.out, keep_checkpoints=args.keep_checkpoints,
                          resume=args.resume, threshold=args.threshold, overwrite=args.overwrite,
-                         report_only=args.report_only)
+                         report_only=args.report_only, primary=args.primary,
+                         exploratory=[m.strip() for m in args.exploratory.split(",") if m.strip()])
     except ServiceOutage as stop:   # the finished runs are kept; the stopped one goes on from its checkpoint
         typed = getattr(args, "argv", [])
         given = "--out" in typed or any(w.startswith("--out=") for w in typed)

@@ -15,7 +15,9 @@ goes to the next free version instead, as Lightning's ``version_N`` does: ``runs
 ``runs/train-1``, ``runs/train-2``, … (:func:`default_output_dir`), and ``--resume`` continues the
 newest of them. So the README's main command can be run twice.
 
-The check runs before any model is loaded, so the refusal is immediate.
+The check runs before any model is loaded, so the refusal is immediate. A run that stops before its
+first step (a late error, Ctrl-C in the first eval) leaves its folder empty (:func:`discard_unstarted_run`):
+nothing there to keep, and nothing that refuses the corrected re-run.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from typing import Callable
 
 from agentgym.config import ConfigError
 
-__all__ = ["RunDirError", "prepare_output_dir", "check_output_dir", "default_output_dir", "output_dir_was_given"]
+__all__ = ["RunDirError", "prepare_output_dir", "check_output_dir", "default_output_dir", "output_dir_was_given",
+           "discard_unstarted_run"]
 
 
 class RunDirError(ConfigError):
@@ -128,6 +131,23 @@ def prepare_output_dir(path: str | Path, *, resume: bool = False, overwrite: boo
             raise RunDirError(f"output_dir {out} cannot be made: {e.strerror or e}") from None
     _lock(out)
     return out
+
+
+def discard_unstarted_run(path: str | Path) -> list[str]:
+    """Empty the run directory ``path`` of a run that stopped before its first step (a late error in the
+    before-eval, Ctrl-C there): its ``config.yaml``, ``provenance.json`` and partial logs hold nothing to keep
+    or continue, and left there they would refuse the corrected re-run ("already holds files") or push a
+    default-folder run to ``runs/train-1``. The folder and this process's lock stay (the lock goes when
+    the process ends), so the same command can run again in the same place. Returns the names removed."""
+    out = Path(path)
+    removed = _run_files(out)
+    for name in removed:
+        p = out / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return removed
 
 
 def _run_files(out: Path) -> list[str]:
