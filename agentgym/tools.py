@@ -201,6 +201,31 @@ class ToolSet:
         self.timeout_s, self.max_output_chars = timeout_s, max_output_chars
         self._pool: cf.ThreadPoolExecutor | None = None
 
+    @classmethod
+    def from_mcp(cls, command: Sequence[str] | None = None, *, url: str | None = None,
+                 env: Mapping[str, str] | None = None, cwd: str | None = None, timeout_s: float | None = 30.0,
+                 connect_timeout_s: float = 60.0, max_output_chars: int = 8_000) -> "ToolSet":
+        """The tools of an MCP server, as a tool set whose calls go to the server.
+
+        Args:
+            command: launch a stdio server: the program and its arguments (e.g. ``[sys.executable, "srv.py"]``).
+            url: or connect to a streamable-HTTP server (e.g. ``"http://127.0.0.1:8000/mcp"``).
+            env: extra environment variables for a stdio server (over the SDK's minimal default
+                environment: ``HOME``, ``PATH``, ...).
+            cwd: the stdio server's working directory.
+            timeout_s: the bound on each call; a server that does not answer in time (hung, dead) is an
+                :class:`~agentgym.errors.InfraError`, not a failed tool result.
+            connect_timeout_s: the bound on starting the server, the handshake and listing its tools.
+            max_output_chars: cap on the text returned to the model.
+
+        The result (:class:`agentgym.adapters.mcp.MCPToolSet`) holds one session and, for stdio, the server
+        process: close it, or use it in a ``with`` block. Needs the ``mcp`` package (imported only here).
+        """
+        from agentgym.adapters.mcp import connect  # lazily: the kernel does not depend on the MCP SDK
+
+        return connect(command, url=url, env=env, cwd=cwd, timeout_s=timeout_s,
+                       connect_timeout_s=connect_timeout_s, max_output_chars=max_output_chars)
+
     def __contains__(self, name: str) -> bool:
         return name in self.tools
 
