@@ -35,8 +35,9 @@ def load_shaper(path: str) -> RewardShaper:
     ``TypeError`` (the CLI prints those without a traceback).
     """
     if not _IMPORT_PATH.fullmatch(path.strip()):
-        hint = (" — a mapping typed after -e/--env-kwarg must be JSON, keys quoted: "
-                "'{\"mypkg.shapers:brevity\": 0.2}'" if path.lstrip().startswith("{") else "")
+        hint = (" — this looks like a mapping given as a string: pass a dict in Python; on the command line "
+                "-e/--env-kwarg and KEY=VALUE parse it as YAML (env_kwargs.reward='{mypkg.shapers:brevity: 0.2}')"
+                if path.lstrip().startswith("{") else "")
         raise ValueError(f"reward shaper {path!r}: expected an import path 'module.path:attr' "
                          f"(e.g. 'mypkg.shapers:brevity'){hint}")
     module_name, _, attr = path.strip().partition(":")

@@ -164,7 +164,7 @@ def test_the_config_keeps_plain_strings_and_the_env_holds_the_shaper(pkg, tmp_pa
     ({"format": float("nan")}, ValueError, "must be a finite number, got nan"),
     ("brevity", ValueError, "a string reward names a shaper by import path 'module.path:attr'"),
     ("mypkg.shapers:", ValueError, "expected an import path 'module.path:attr'"),
-    ("{mypkg.shapers:brevity: 0.2}", ValueError, "a mapping typed after -e/--env-kwarg must be JSON, keys quoted"),
+    ("{mypkg.shapers:brevity: 0.2}", ValueError, "looks like a mapping given as a string: pass a dict in Python"),
 ])
 def test_mistakes_are_one_clear_line(pkg, reward, error, message):
     with pytest.raises(error) as e:
