@@ -4,11 +4,19 @@ Some questions are easy enough to answer directly (small operands); others have 
 where calling the ``calculator`` tool pays. A tool call costs a little (step-wise), a correct final
 answer pays at the end, and a well-formed final answer earns a small format term.
 
+The splits ``train``, ``validation`` and ``test`` are disjoint: a question belongs to the split a hash
+of its text names (:func:`agentgym.splits.split_of`), and within a split index ``i`` never repeats an
+earlier index's question (:class:`agentgym.splits.DistinctDraws`). Whether task ``i`` is easy or hard is
+drawn per index, so ``hard_fraction`` holds exactly; there are only 432 easy questions (operands 1..12),
+about 80 in the test split and 96 in validation, and a held-out index past them is an error (a training
+split repeats them instead).
+
 Written only against the public ``agentgym`` API, as a user's own env would be.
 """
 
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
 from typing import Any, Mapping
 
@@ -17,6 +25,7 @@ import numpy as np
 from agentgym import AgentEnv, Reward, ToolSet, Transition, shaper
 from agentgym.parsing import first_tag, parse_tool_calls
 from agentgym.rewards import CallCost, InvalidActionPenalty, StepEvent
+from agentgym.splits import DistinctDraws, check_split, normalise_task_text, split_of
 from agentgym.envs.calculator import calculate, calculator
 
 __all__ = ["ArithmeticEnv", "numeric_equal", "SYSTEM_PROMPT"]
@@ -29,7 +38,7 @@ SYSTEM_PROMPT = (
     "for example <answer>408</answer>."
 )
 
-_SPLIT_SEEDS = {"train": 0, "test": 1}
+_SPLIT_SEEDS = {"train": 0, "test": 1, "validation": 2}  # split -> seed of its candidate stream
 
 
 def _parse_number(text: str | None) -> Fraction | None:
@@ -60,11 +69,46 @@ def well_formed_answer(event: StepEvent) -> float:
     return float(event.action_type == "answer" and _parse_number(event.answer) is not None)
 
 
+def _difficulty(split: str, hard_fraction: float, index: int) -> str:
+    """``"hard"`` or ``"easy"`` for task ``index`` (drawn per index, so ``hard_fraction`` holds exactly)."""
+    return "hard" if np.random.default_rng([_SPLIT_SEEDS[split], index]).random() < hard_fraction else "easy"
+
+
+def _candidate(split: str, hard_fraction: float, index: int, attempt: int) -> dict[str, Any]:
+    """Candidate ``attempt`` for task ``index`` (attempt 0 continues the stream that picked the difficulty)."""
+    rng = np.random.default_rng([_SPLIT_SEEDS[split], index] + ([attempt] if attempt else []))
+    first = bool(rng.random() < hard_fraction)
+    hard = first if attempt == 0 else _difficulty(split, hard_fraction, index) == "hard"
+    if hard:
+        a, b = int(rng.integers(1_000, 100_000)), int(rng.integers(100, 10_000))
+        op = str(rng.choice(["*", "+", "-", "*"]))
+    else:
+        a, b = int(rng.integers(1, 13)), int(rng.integers(1, 13))
+        op = str(rng.choice(["+", "-", "*"]))
+    expression = f"{a} {op} {b}"
+    return {"question": f"What is {expression}?", "expression": expression, "answers": None,
+            "difficulty": "hard" if hard else "easy"}
+
+
+def _answered(task: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a drawn task with its gold answer (computed only for the tasks handed out)."""
+    return {**task, "answers": [str(calculate(task["expression"]))]}
+
+
+@functools.lru_cache(maxsize=32)
+def _draws(split: str, hard_fraction: float) -> DistinctDraws:
+    """The task sequence of one (split, hard_fraction), shared by every env of the process."""
+    return DistinctDraws(split, functools.partial(_candidate, split, hard_fraction),
+                         key=lambda t: normalise_task_text(t["question"]),
+                         in_split=lambda t: split_of(normalise_task_text(t["question"])) == split,
+                         pool=functools.partial(_difficulty, split, hard_fraction), what="questions")
+
+
 class ArithmeticEnv(AgentEnv):
     """Arithmetic QA with an optional calculator tool.
 
     Args:
-        split: ``"train"`` or ``"test"`` — disjoint procedural task streams.
+        split: ``"train"``, ``"validation"`` or ``"test"``: disjoint procedural task streams.
         hard_fraction: share of questions with large operands.
         tool_cost: weight of the per-call cost term (each call gives ``-tool_cost``).
         max_turns: turns before the episode is truncated.
@@ -77,8 +121,7 @@ class ArithmeticEnv(AgentEnv):
     def __init__(self, split: str = "train", hard_fraction: float = 0.5, tool_cost: float = 0.05,
                  max_turns: int = 4, reward: Reward | Mapping[str, float] | None = None,
                  render_mode: str | None = None, group_reward: Any = None):
-        if split not in _SPLIT_SEEDS:
-            raise ValueError(f"split must be one of {sorted(_SPLIT_SEEDS)}, got {split!r}")
+        check_split(split)
         if not 0.0 <= hard_fraction <= 1.0:
             raise ValueError(f"hard_fraction must be in [0, 1], got {hard_fraction}")
         self.split, self.hard_fraction, self.tool_cost = split, hard_fraction, tool_cost
@@ -90,18 +133,7 @@ class ArithmeticEnv(AgentEnv):
                        (InvalidActionPenalty(), 0.1)])
 
     def get_task(self, index: int) -> dict[str, Any]:
-        rng = np.random.default_rng([_SPLIT_SEEDS[self.split], index])
-        hard = bool(rng.random() < self.hard_fraction)
-        if hard:
-            a, b = int(rng.integers(1_000, 100_000)), int(rng.integers(100, 10_000))
-            op = str(rng.choice(["*", "+", "-", "*"]))
-        else:
-            a, b = int(rng.integers(1, 13)), int(rng.integers(1, 13))
-            op = str(rng.choice(["+", "-", "*"]))
-        expression = f"{a} {op} {b}"
-        value = calculate(expression)
-        return {"question": f"What is {expression}?", "expression": expression,
-                "answers": [str(value)], "difficulty": "hard" if hard else "easy"}
+        return _answered(_draws(self.split, self.hard_fraction).get(index))
 
     def initial_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task["question"]}]

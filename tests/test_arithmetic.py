@@ -59,9 +59,13 @@ def test_train_and_test_differ():
     train, test = ArithmeticEnv(split="train"), ArithmeticEnv(split="test")
     differ = sum(train.get_task(i)["expression"] != test.get_task(i)["expression"] for i in range(100))
     assert differ >= 90
-    train_set = {train.get_task(i)["expression"] for i in range(300) if train.get_task(i)["difficulty"] == "hard"}
-    test_set = {test.get_task(i)["expression"] for i in range(300) if test.get_task(i)["difficulty"] == "hard"}
+    # every question, easy ones included, is in one split only (a hash of its text); 150 test tasks at
+    # hard_fraction 0.5 ask for ~75 of the ~80 easy questions the test split holds
+    train_set = {train.get_task(i)["expression"] for i in range(300)}
+    test_set = {test.get_task(i)["expression"] for i in range(150)}
     assert not train_set & test_set
+    with pytest.raises(ValueError, match="split 'test' holds only .* distinct questions of kind 'easy'"):
+        ArithmeticEnv(split="test", hard_fraction=0.0).get_task(100)
 
 
 def test_seed_picks_the_task():

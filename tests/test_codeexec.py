@@ -382,15 +382,17 @@ def test_sandbox_argument_forms_and_the_backend_used():
 def test_train_and_test_splits_partition_the_bundled_problems():
     ids = lambda env: [p["task_id"] for p in env.problems]  # noqa: E731
     train, test = CodeExecEnv(split="train"), CodeExecEnv(split="test")
+    validation = CodeExecEnv(split="validation")
     assert CodeExecEnv().split == "train" and ids(CodeExecEnv()) == ids(train)
-    assert set(ids(train)).isdisjoint(ids(test))
-    assert sorted(ids(train) + ids(test)) == sorted(p["task_id"] for p in bundled_problems())
+    assert set(ids(train)).isdisjoint(ids(test)) and set(ids(validation)).isdisjoint(ids(train) + ids(test))
+    assert sorted(ids(train) + ids(validation) + ids(test)) == sorted(p["task_id"] for p in bundled_problems())
     # a hash of each task_id: the same on every machine, and a new problem never moves another
     assert ids(test) == ["agentgym/rle_decode", "agentgym/second_largest", "agentgym/common_prefix",
                          "agentgym/flatten", "agentgym/chunked", "agentgym/matmul", "agentgym/summarize_ranges",
                          "agentgym/top_k", "agentgym/min_coins", "agentgym/column_name", "agentgym/can_halve",
                          "agentgym/io_bank", "agentgym/io_histogram"]
-    assert all(split_of(t) == "test" for t in ids(test)) and test.num_tasks == 13 and train.num_tasks == 38
+    assert all(split_of(t) == "test" for t in ids(test)) and test.num_tasks == 13
+    assert validation.num_tasks == 6 and train.num_tasks == 32  # validation: one in eight of the other 38
     assert CodeExecEnv(problems=bundled_problems()[:3], split="test").num_tasks == 3  # your own problems: whole
     with pytest.raises(ValueError, match="split must be one of"):
         CodeExecEnv(split="dev")

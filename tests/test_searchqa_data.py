@@ -252,7 +252,8 @@ def test_make_questions_arguments(small):
     with pytest.raises(ValueError, match="unknown question types"):
         make_questions(world, 10, mix={"trivia": 1.0})
     with pytest.raises(ValueError, match="split"):
-        make_questions(world, 10, split="validation")
+        make_questions(world, 10, split="dev")
+    assert len(make_questions(world, 10, seed=0, split="validation")) == 10  # the third held-out split
 
 
 def test_bundled_dataset_is_cached_and_copied():

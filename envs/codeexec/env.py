@@ -254,8 +254,8 @@ class CodeExecEnv(AgentEnv):
         max_attempts: code submissions per episode.
         reward_mode: ``pass_rate`` or ``all_pass`` (the ``tests`` term).
         attempt_cost: weight of the per-repair cost; format_penalty: weight of the no-code penalty.
-        split: ``"train"`` or ``"test"``: three quarters / one quarter of the bundled problems, by a hash of
-            each ``task_id`` (``None``: all). Problems you pass (``data_path``/``problems``) are used whole:
+        split: ``"train"``, ``"validation"`` or ``"test"``: disjoint shares of the bundled problems, by a
+            hash of each ``task_id`` (:func:`agentgym.splits.split_of`; ``None``: all). Problems you pass (``data_path``/``problems``) are used whole:
             pass the file of the split you want.
         sandbox: ``"auto"`` (docker, else bwrap; refused with :class:`SandboxRefusedError` at construction
             when neither works), a backend name, or a ``Sandbox`` instance. ``"subprocess"`` is no

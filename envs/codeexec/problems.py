@@ -15,26 +15,30 @@ Every loader returns problems in one normalised form (a plain dict, so it travel
 The bundled file ``problems.jsonl`` is written in exactly this form (``source`` defaults to
 ``"agentgym"``), so a user's own problems can use it too. The bundled statements, tests and
 solutions were written for this project.
+
+Splits: a bundled problem's split (``train``, ``validation`` or ``test``) is a hash of its ``task_id``
+(:func:`split_of`; one in four is test, as before validation existed). Every file is checked at load:
+two problems the model would see alike (the same statement and shown tests, compared normalised) are
+an error naming them, as is a task shown in two splits of the bundled set (:func:`agentgym.splits.check_splits`).
 """
 
 from __future__ import annotations
 
 import ast
-import hashlib
 import textwrap
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from agentgym.jsonl import read_jsonl
 from agentgym.parsing import parse_python
+from agentgym.splits import SPLITS, check_split, check_splits
+from agentgym.splits import split_of as _split_of
 
 __all__ = ["ProblemFormatError", "bundled_problems", "load_problems", "load_humaneval_jsonl", "load_mbpp_jsonl",
            "load_agentgym_jsonl", "detect_format", "validate_problem", "BUNDLED_PATH", "SPLITS", "split_of",
-           "select_split"]
+           "select_split", "task_text"]
 
 BUNDLED_PATH = Path(__file__).with_name("problems.jsonl")
-SPLITS = ("train", "test")
-_TEST_SHARE = 4  # one problem in four (by a hash of its task_id) is held out for evaluation
 FORMATS = ("agentgym", "humaneval", "mbpp")
 _KEYS = {
     "humaneval": ("task_id", "prompt", "canonical_solution", "test", "entry_point"),
@@ -119,7 +123,15 @@ def validate_problem(problem: dict[str, Any], where: str = "problem") -> dict[st
     return p
 
 
+def task_text(problem: dict[str, Any]) -> str:
+    """What the model is shown of a problem (its statement and visible tests): two problems with the same
+    text, compared normalised, are one task."""
+    shown = [t.get("code") or f"{t.get('stdin', '')}->{t.get('stdout', '')}" for t in problem["tests"][:problem["visible"]]]
+    return "\n".join([problem["statement"], *shown])
+
+
 def _unique(problems: list[dict[str, Any]], path: str | Path) -> list[dict[str, Any]]:
+    """``problems`` if their task_ids and their texts (:func:`task_text`) are unique, else the one-line error."""
     if not problems:
         raise ProblemFormatError(f"{path}: contains no problems")
     seen: set[str] = set()
@@ -127,6 +139,10 @@ def _unique(problems: list[dict[str, Any]], path: str | Path) -> list[dict[str, 
         if p["task_id"] in seen:
             raise ProblemFormatError(f"{path}: task_id {p['task_id']!r} occurs more than once")
         seen.add(p["task_id"])
+    try:
+        check_splits({"file": [task_text(p) for p in problems]}, source=str(path), what="problem")
+    except ValueError as e:
+        raise ProblemFormatError(str(e)) from None
     return problems
 
 
@@ -250,16 +266,17 @@ def bundled_problems() -> list[dict[str, Any]]:
 
 
 def split_of(task_id: str) -> str:
-    """``"train"`` or ``"test"`` for a problem, from a hash of its ``task_id``: stable across machines
-    and Python versions, and adding a problem never moves another one to the other split."""
-    h = int.from_bytes(hashlib.sha256(task_id.encode("utf-8")).digest()[:8], "big")
-    return "test" if h % _TEST_SHARE == 0 else "train"
+    """``"train"``, ``"validation"`` or ``"test"`` for a problem, from a hash of its ``task_id``: stable across
+    machines and Python versions, and adding a problem never moves another one to another split. One in
+    four is test (the same ones as before validation existed); of the rest, one in eight is validation
+    (a small set, so that most of the bundled problems stay for training)."""
+    return _split_of(task_id, test_every=4, validation_every=8)
 
 
 def select_split(problems: list[dict[str, Any]], split: str | None) -> list[dict[str, Any]]:
-    """The problems of ``split`` (``None``: all of them), in their original order."""
-    if split is None:
-        return problems
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {list(SPLITS)} or None, got {split!r}")
-    return [p for p in problems if split_of(p["task_id"]) == split]
+    """The problems of ``split`` (``None``: all of them), in their original order; the splits of
+    ``problems`` must be disjoint (:func:`agentgym.splits.check_splits` on :func:`task_text`)."""
+    check_split(split, allow_none=True)
+    by_split = {s: [p for p in problems if split_of(p["task_id"]) == s] for s in SPLITS}
+    check_splits({s: [task_text(p) for p in ps] for s, ps in by_split.items()}, what="problem")
+    return problems if split is None else by_split[split]

@@ -37,6 +37,7 @@ from typing import Any, Mapping, Sequence
 from agentgym import AgentEnv, Reward, Transition, shaper
 from agentgym.parsing import extract_code_blocks
 from agentgym.rewards import CallCost, InvalidActionPenalty, LengthPenalty, StepEvent
+from agentgym.splits import check_split
 from agentgym.envs.mathrl.answers import _last_box, answers_equal, extract_answer, latex_fraction, parse_number
 from agentgym.envs.mathrl.problems import KINDS, SPLITS, make_problem
 from agentgym.envs.sandbox.selection import SANDBOX_SPECS, resolve_sandbox, sandbox_backend_name
@@ -158,7 +159,8 @@ class MathEnv(AgentEnv):
     """Math word/arithmetic/fraction/equation problems with exact answers.
 
     Args:
-        split: ``"train"`` or ``"test"`` (disjoint question sets).
+        split: ``"train"``, ``"validation"`` or ``"test"`` (disjoint question sets, no question twice in one;
+            see :mod:`agentgym.envs.mathrl.problems`).
         kinds: problem families to draw from (``arithmetic``, ``fractions``, ``linear``, ``word``).
         difficulty: an int >= 0 or an inclusive range ``(lo, hi)`` drawn per task; no upper bound.
             0 is the warm-up level for very small models (one operation on numbers up to 20 for
@@ -186,8 +188,7 @@ class MathEnv(AgentEnv):
                  max_turns: int | None = None, max_action_chars: int = 16_384,
                  reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
                  group_reward: Any = None):
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
+        check_split(split, SPLITS)
         kinds = tuple(kinds)
         if not kinds or any(k not in KINDS for k in kinds):
             raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")

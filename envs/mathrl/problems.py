@@ -4,10 +4,14 @@
 is seeded by ``(split, index)``, so any index (there is no upper bound) is a reproducible task.
 ``difficulty`` (an int >= 0, no upper bound; 0 is a warm-up level) scales both the numbers and the number of steps.
 
-Train and test are disjoint *by construction*: a candidate problem belongs to the test split iff a
-hash of its question text falls in the test fifth, and each split rejects the other's candidates,
-so no test question can ever be generated for training (small difficulties have few distinct
-problems, where seeded streams alone would collide).
+The splits ``train``, ``validation`` and ``test`` are disjoint *by construction*: a candidate problem
+belongs to the split that a hash of its question text names (:func:`split_of`: test one fifth, as before
+validation existed, validation one fifth, train the rest), and each split rejects the others'
+candidates, so no held-out question can ever be generated for training (small difficulties have few
+distinct problems, where seeded streams alone would collide). Within a split, index ``i`` never
+repeats an earlier index's question (:class:`agentgym.splits.DistinctDraws`: an index whose candidate
+was already asked draws again); the warm-up level (``kinds=["arithmetic"], difficulty=0``) holds about
+256 distinct test questions, and a held-out index beyond a level's supply is an error.
 
 Every problem carries its worked solution (``steps``): the oracle writes them out, and the
 answer-guessing detector compares the response's reasoning against ``min_steps``.
@@ -15,26 +19,27 @@ answer-guessing detector compares the response's reasoning against ``min_steps``
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import math
 from fractions import Fraction
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from agentgym.splits import DistinctDraws, normalise_task_text
+from agentgym.splits import split_of as _split_of
 from agentgym.envs.mathrl.answers import format_fraction
 
 __all__ = ["KINDS", "SPLITS", "make_problem", "split_of"]
 
-SPLITS = {"train": 0, "test": 1}
+SPLITS = {"train": 0, "test": 1, "validation": 2}  # split -> seed of its candidate stream
 KINDS = ("arithmetic", "fractions", "linear", "word")
-_TEST_SHARE = 5  # one question in five (by hash) belongs to the test split
 
 
 def split_of(question: str) -> str:
-    """The split a question text belongs to (stable across machines and Python versions)."""
-    h = int.from_bytes(hashlib.sha256(question.encode("utf-8")).digest()[:8], "big")
-    return "test" if h % _TEST_SHARE == 0 else "train"
+    """The split a question text belongs to (stable across machines and Python versions): one in five
+    (by a hash of the text, generated questions being canonical) is ``test``, one in five ``validation``."""
+    return _split_of(question, test_every=5, validation_every=4)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -264,23 +269,35 @@ _GENERATORS: dict[str, Callable[[np.random.Generator, int], dict[str, Any]]] = {
     "arithmetic": _arithmetic, "fractions": _fractions, "linear": _linear, "word": _word}
 
 
+def _candidate(split: str, kinds: tuple[str, ...], difficulty: int | tuple[int, int], index: int,
+               attempt: int) -> dict[str, Any]:
+    """Candidate ``attempt`` for task ``index`` of ``split`` (a pure function of its arguments)."""
+    rng = np.random.default_rng([SPLITS[split], int(index), attempt])
+    kind = str(kinds[_int(rng, 0, len(kinds) - 1)])
+    d = difficulty if isinstance(difficulty, int) else _int(rng, int(difficulty[0]), int(difficulty[1]))
+    p = _GENERATORS[kind](rng, d if kind == "arithmetic" else max(d, 1))  # level 0 exists for arithmetic only
+    answer = format_fraction(p["answer"])
+    return {"question": p["question"], "answer": answer, "answers": [answer], "kind": kind, "difficulty": d,
+            "steps": list(p["steps"]), "min_steps": len(p["steps"]), "python": p["python"]}
+
+
+@functools.lru_cache(maxsize=32)
+def _draws(split: str, kinds: tuple[str, ...], difficulty: int | tuple[int, int]) -> DistinctDraws:
+    """The task sequence of one (split, kinds, difficulty), shared by every env of the process."""
+    return DistinctDraws(split, functools.partial(_candidate, split, kinds, difficulty),
+                         key=lambda t: normalise_task_text(t["question"]),
+                         in_split=lambda t: split_of(t["question"]) == split, what="questions")
+
+
 def make_problem(split: str, index: int, kinds: Sequence[str] = KINDS,
                  difficulty: int | tuple[int, int] = (1, 3)) -> dict[str, Any]:
     """Task ``index`` of ``split``: ``question``, ``answer`` (canonical string) and ``answers``, ``kind``,
     ``difficulty``, worked ``steps``, ``min_steps`` and ``python`` (an expression computing the answer,
-    with ``F`` = ``fractions.Fraction``)."""
+    with ``F`` = ``fractions.Fraction``). The first :data:`~agentgym.splits.DISTINCT_PREFIX` indices of a
+    split hold distinct questions; a held-out index beyond what the settings can supply raises
+    :class:`~agentgym.splits.SplitExhausted` (a ``ValueError``)."""
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
-    for attempt in range(1000):
-        rng = np.random.default_rng([SPLITS[split], int(index), attempt])
-        kind = str(kinds[_int(rng, 0, len(kinds) - 1)])
-        if isinstance(difficulty, int):
-            d = difficulty
-        else:
-            d = _int(rng, int(difficulty[0]), int(difficulty[1]))
-        p = _GENERATORS[kind](rng, d if kind == "arithmetic" else max(d, 1))  # level 0 exists for arithmetic only
-        if split_of(p["question"]) == split:
-            answer = format_fraction(p["answer"])
-            return {"question": p["question"], "answer": answer, "answers": [answer], "kind": kind, "difficulty": d,
-                    "steps": list(p["steps"]), "min_steps": len(p["steps"]), "python": p["python"]}
-    raise RuntimeError(f"no {split} problem found for index {index} (kinds={kinds}, difficulty={difficulty})")
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    d = difficulty if isinstance(difficulty, int) else (int(difficulty[0]), int(difficulty[1]))
+    p = _draws(split, tuple(str(k) for k in kinds), d).get(index)
+    return {**p, "answers": list(p["answers"]), "steps": list(p["steps"])}

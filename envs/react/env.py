@@ -3,6 +3,7 @@ docstring for the rules)."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Mapping, Sequence
 
@@ -10,7 +11,8 @@ from agentgym import AgentEnv, Reward, Tool, ToolSet, Transition
 from agentgym.parsing import parse_react
 from agentgym.rewards import ExactMatch, InvalidActionPenalty
 from agentgym.envs.calculator import calculator
-from agentgym.envs.searchqa.data import bundled_dataset, split_title
+from agentgym.envs.searchqa.data import bundled_dataset, bundled_questions, split_title
+from agentgym.splits import check_split
 from agentgym.envs.retrieval.base import format_passages
 from agentgym.envs.retrieval.shared import get_retriever
 
@@ -59,7 +61,8 @@ class ReActEnv(AgentEnv):
     """Multi-hop question answering in the ReAct format with search, lookup and calculator tools.
 
     Args:
-        split: ``"train"`` or ``"test"`` questions of the bundled world (disjoint by subject entity).
+        split: ``"train"``, ``"validation"`` or ``"test"`` questions of the bundled world (disjoint by subject
+            entity).
         retriever: ``"dense"`` (default, in-process, shared with ``SearchQA-v0``), ``"bm25"``, a
             retrieval-server URL, an index directory, or an object with ``search(queries, topk)``.
         topk: passages per search.
@@ -71,6 +74,10 @@ class ReActEnv(AgentEnv):
         world_seed, world_size: the bundled world (as ``SearchQA-v0``).
         max_turns: steps before the episode is truncated.
         reward: a custom :class:`~agentgym.Reward` or new weights for ``DEFAULT_WEIGHTS``' terms.
+        extra_tools: more tools beside search, lookup and calculator (a user's :class:`~agentgym.ToolSet`,
+            e.g. ``ToolSet.from_mcp(...)``), listed in the system prompt. Their Action Input is a JSON object
+            of arguments, or plain text for a tool with one argument. The env does not own them: the caller
+            closes them.
     """
 
     stop_strings = ("\nObservation:",)
@@ -82,9 +89,8 @@ class ReActEnv(AgentEnv):
                  few_tool_calls: int = 3, many_tool_calls: int = 5, world_seed: int = 0,
                  world_size: str | int = "small", max_turns: int = 8,
                  reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
-                 group_reward: Any = None):
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+                 group_reward: Any = None, extra_tools: ToolSet | None = None):
+        check_split(split)
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
         unknown = set(question_types) - set(_QUESTION_TYPES)
@@ -97,8 +103,9 @@ class ReActEnv(AgentEnv):
         self.split, self.topk = split, int(topk)
         self.few_tool_calls, self.many_tool_calls = int(few_tool_calls), int(many_tool_calls)
         self.world_seed, self.world_size = world_seed, world_size
-        self.corpus, train, test = bundled_dataset(seed=world_seed, size=world_size)
-        self.questions = self._select(train if split == "train" else test, tuple(question_types), single_hop_fraction)
+        self.corpus = bundled_dataset(seed=world_seed, size=world_size)[0]
+        questions = bundled_questions(split, seed=world_seed, size=world_size)
+        self.questions = self._select(questions, tuple(question_types), single_hop_fraction)
         if not self.questions:
             raise ValueError("no questions match question_types / single_hop_fraction")
         self.num_tasks = len(self.questions)
@@ -115,6 +122,15 @@ class ReActEnv(AgentEnv):
                   "additionalProperties": False}, self._lookup),
             Tool.from_function(calculator),
         ], timeout_s=None)  # in-process tools; the calculator bounds its own work
+        self.extra_tools = extra_tools
+        self._extra_names = {n.lower(): n for n in (extra_tools.names if extra_tools is not None else ())}
+        clash = set(self._extra_names) & {"search", "lookup", "calculator", "finish"}
+        if clash:
+            raise ValueError(f"extra_tools must not reuse ReAct's tool names: {sorted(clash)}")
+        listed = "".join(f"\n- {t.name}: {t.description} Action Input: a JSON object of arguments "
+                         f"{json.dumps(t.parameters)}" for t in (extra_tools.tools.values() if extra_tools else ()))
+        # the extra tools go at the end of the prompt's tool list, which the paragraph "You cannot know" follows
+        self.system_prompt = REACT_SYSTEM_PROMPT.replace("\n\nYou cannot know", listed + "\n\nYou cannot know", 1)
         self._page: list[tuple[str, str]] = []  # (title, sentence) of the last search's passages
         self._lookup_state: tuple[str, int] | None = None  # (keyword, results shown)
         self._last_hits: list[Any] = []
@@ -169,7 +185,7 @@ class ReActEnv(AgentEnv):
         return task
 
     def initial_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
-        return [{"role": "system", "content": REACT_SYSTEM_PROMPT},
+        return [{"role": "system", "content": self.system_prompt},
                 {"role": "user", "content": f"Question: {task['question']}"}]
 
     def default_reward(self) -> Reward:
@@ -199,9 +215,11 @@ class ReActEnv(AgentEnv):
             if not arg:
                 return self._format_error("'Action: Finish' needs the answer as its Action Input", step)
             return Transition([], "answer", parsed=step, terminated=True, answer=arg, info=info)
+        if name in self._extra_names:
+            return self._extra_tool(self._extra_names[name], step, info)
         if name not in self.tools:
-            return self._format_error(f"unknown tool {step.action.strip()[:80]!r}; the tools are search, lookup "
-                                      "and calculator", step)
+            names = ", ".join(["search", "lookup", *self._extra_names.values()]) + " and calculator"
+            return self._format_error(f"unknown tool {step.action.strip()[:80]!r}; the tools are {names}", step)
         if not arg:
             return self._format_error(f"'{name}' needs a non-empty Action Input", step)
         argument = {"search": "query", "lookup": "keyword", "calculator": "expression"}[name]
@@ -213,11 +231,37 @@ class ReActEnv(AgentEnv):
         action_type = name if name in ("search", "lookup") else "tool_call"
         return Transition(self._observe(result.content), action_type, parsed=step, info=info)
 
+    def _extra_tool(self, name: str, step: Any, info: dict[str, Any]) -> Transition:
+        """A call to one of ``extra_tools``: the Action Input is a JSON object of arguments, or the value of a
+        tool's only argument (parsed as JSON when that argument is not a string)."""
+        assert self.extra_tools is not None
+        text = (step.action_input or "").strip()
+        try:
+            arguments = {} if not text else json.loads(text) if text.startswith("{") else None
+        except (ValueError, RecursionError):
+            arguments = None
+        props = self.extra_tools[name].parameters.get("properties", {})
+        if not isinstance(arguments, dict) and len(props) == 1:
+            (key, prop), = props.items()
+            value: Any = plain_input(text)
+            if prop.get("type") != "string":
+                try:
+                    value = json.loads(value)
+                except (ValueError, RecursionError):
+                    pass
+            arguments = {key: value}
+        if not isinstance(arguments, dict):
+            return self._format_error(f"'{name}' takes a JSON object of arguments as its Action Input", step)
+        result = self.extra_tools.call(name, arguments)
+        info.update(tool=name, tool_input=text, tool_ok=result.ok)
+        return Transition(self._observe(result.content), "tool_call", parsed=step, info=info)
+
     def episode_metrics(self) -> dict[str, Any]:
         counts = {t: sum(r.action_type == t for r in self._history) for t in TOOL_ACTION_TYPES}
         gold = [str(d) for d in self.task.get("gold_doc_ids", [])]
         retrieved = {d for r in self._history for d in r.info.get("retrieved_ids", [])}
-        return {"searches": counts["search"], "lookups": counts["lookup"], "calculator_calls": counts["tool_call"],
+        calculator = sum(r.info.get("tool") == "calculator" for r in self._history)
+        return {"searches": counts["search"], "lookups": counts["lookup"], "calculator_calls": calculator,
                 "question_type": self.task.get("type"), "hops": self.task.get("hops"),
                 "gold_recall": (sum(d in retrieved for d in gold) / len(gold)) if gold else None}
 

@@ -23,11 +23,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from agentgym.jsonl import read_jsonl
 from agentgym.rewards import gold_answers
+from agentgym.splits import SPLITS as SPLITS_ORDER
+from agentgym.splits import check_split, check_splits
 from agentgym.envs.searchqa.questions import DEFAULT_MIX, make_questions, question_pool_sizes
 from agentgym.envs.searchqa.world import build_world
 
 __all__ = [
-    "DatasetFormatError", "load_corpus_jsonl", "save_corpus_jsonl", "split_title", "bundled_dataset",
+    "DatasetFormatError", "load_corpus_jsonl", "save_corpus_jsonl", "split_title", "bundled_dataset", "bundled_questions",
     "BUNDLED_QUESTION_COUNTS", "to_search_r1_rows", "save_search_r1_parquet", "load_search_r1_parquet",
     "prepare_flashrag", "find_flashrag_files", "load_flashrag_jsonl", "SEARCH_R1_TRAIN_DATASETS",
     "SEARCH_R1_TEST_DATASETS", "MULTI_HOP_DATASETS",
@@ -93,23 +95,27 @@ def save_corpus_jsonl(docs: Iterable[Mapping[str, Any]], path: PathLike) -> Path
 
 
 # ----------------------------------------------------------------------------- bundled world
-# (train, test) question counts per named size; integer sizes use the "medium" counts scaled.
-BUNDLED_QUESTION_COUNTS: dict[str, tuple[int, int]] = {
-    "tiny": (200, 60), "small": (1000, 300), "medium": (8000, 1000), "large": (50000, 2000)}
+# (train, validation, test) question counts per named size; integer sizes use the "medium" counts scaled.
+BUNDLED_QUESTION_COUNTS: dict[str, tuple[int, int, int]] = {
+    "tiny": (200, 60, 60), "small": (1000, 300, 300), "medium": (8000, 1000, 1000), "large": (50000, 2000, 2000)}
 
 
 @functools.lru_cache(maxsize=8)
-def _bundled(seed: int, size: str | int) -> tuple[tuple[dict, ...], tuple[dict, ...], tuple[dict, ...]]:
+def _bundled(seed: int, size: str | int) -> tuple[tuple[dict, ...], dict[str, tuple[dict, ...]]]:
+    """(corpus, split -> questions) of the generated world, its splits checked disjoint and duplicate-free."""
     world = build_world(seed, size)
     if isinstance(size, str):
-        n_train, n_test = BUNDLED_QUESTION_COUNTS[size]
+        counts = dict(zip(SPLITS_ORDER, BUNDLED_QUESTION_COUNTS[size]))
     else:  # scale with the world, within what its entities can support
         pools = question_pool_sizes(world)
         fit = {s: int(min(pools[s]["single_hop"] / DEFAULT_MIX["single_hop"],
                           pools[s]["multi_hop"] / DEFAULT_MIX["multi_hop"])) for s in pools}
-        n_train, n_test = min(size * 4, fit["train"]), min(max(10, size // 2), fit["test"])
-    return (tuple(world.corpus()), tuple(make_questions(world, n_train, seed=seed, split="train")),
-            tuple(make_questions(world, n_test, seed=seed, split="test")))
+        counts = {"train": min(size * 4, fit["train"]), "validation": min(max(10, size // 2), fit["validation"]),
+                  "test": min(max(10, size // 2), fit["test"])}
+    questions = {s: tuple(make_questions(world, n, seed=seed, split=s)) for s, n in counts.items()}
+    check_splits({s: [q["question"] for q in qs] for s, qs in questions.items()},
+                 source=f"bundled SearchQA world (seed {seed}, size {size!r})", what="question")
+    return tuple(world.corpus()), questions
 
 
 def _copy_rows(rows: Iterable[dict]) -> list[dict]:
@@ -120,10 +126,16 @@ def bundled_dataset(seed: int = 0, size: str | int = "small") -> tuple[list[dict
     """(corpus, train questions, test questions) of the generated world; built once per process.
 
     Callers get fresh copies, so mutating them cannot corrupt the cache. The "small" default is
-    ~370 passages, 1,000 train and 300 test questions (0.4 single-hop, 0.4 multi-hop, 0.2 no-search).
+    ~370 passages, 1,000 train and 300 test questions (0.4 single-hop, 0.4 multi-hop, 0.2 no-search);
+    :func:`bundled_questions` gives any split, ``validation`` (300) included.
     """
-    corpus, train, test = _bundled(seed, size)
-    return _copy_rows(corpus), _copy_rows(train), _copy_rows(test)
+    corpus, questions = _bundled(seed, size)
+    return _copy_rows(corpus), _copy_rows(questions["train"]), _copy_rows(questions["test"])
+
+
+def bundled_questions(split: str, seed: int = 0, size: str | int = "small") -> list[dict]:
+    """The questions of ``split`` (``train``, ``validation`` or ``test``) of the generated world (fresh copies)."""
+    return _copy_rows(_bundled(seed, size)[1][check_split(split)])
 
 
 # ----------------------------------------------------------------------------- Search-R1 parquet

@@ -22,6 +22,7 @@ import numpy as np
 from agentgym import AgentEnv, Reward, Tool, ToolSet, Transition
 from agentgym.parsing import TagMatch, first_tag, last_tag_content, parse_tool_calls
 from agentgym.rewards import CallCost, InvalidActionPenalty, TokenF1, gold_answers
+from agentgym.splits import check_split
 from agentgym.envs.retrieval.base import format_passages
 from agentgym.envs.retrieval.shared import get_retriever
 from agentgym.envs.searchqa.rewards import (DEFAULT_WEIGHTS, SearchR1FormatReward, _gold_in,  # noqa: F401
@@ -110,7 +111,8 @@ class SearchQAEnv(AgentEnv):
     Args:
         protocol: ``"search_r1"`` (tags, continuation style, Search-R1 rules) or ``"chat"`` (a JSON
             ``search`` tool in chat turns).
-        split: ``"train"`` or ``"test"`` questions of the bundled world.
+        split: ``"train"``, ``"validation"`` or ``"test"`` questions of the bundled world (disjoint,
+            deduplicated: :mod:`agentgym.splits`).
         retriever: ``"dense"`` (default, in-process MiniLM + faiss), ``"bm25"``, ``"http://host:port"``
             (a Search-R1-protocol server), an index directory, or a retriever object.
         topk: passages per search (Search-R1: 3).
@@ -162,8 +164,7 @@ class SearchQAEnv(AgentEnv):
             raise ValueError(f"retrieval must be one of {RETRIEVAL_MODES}, got {retrieval!r}")
         if retrieval != "agentic" and protocol != "search_r1":
             raise ValueError(f"retrieval={retrieval!r} is a baseline of protocol='search_r1'")
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        check_split(split)
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
         if prompt not in PROMPT_SOURCES:
@@ -215,8 +216,9 @@ class SearchQAEnv(AgentEnv):
     def _load_data(data, split, world_seed, world_size, needs_corpus=True):
         from agentgym.envs.searchqa import data as sdata
         if data is None:
-            corpus, train, test = sdata.bundled_dataset(seed=world_seed, size=world_size)
-            return corpus, (train if split == "train" else test), ("bundled", world_seed, world_size)
+            corpus, _, _ = sdata.bundled_dataset(seed=world_seed, size=world_size)
+            questions = sdata.bundled_questions(split, seed=world_seed, size=world_size)
+            return corpus, questions, ("bundled", world_seed, world_size)
         questions, corpus = data.get("questions"), data.get("corpus")
         if questions is None or (corpus is None and needs_corpus):
             raise ValueError("data= needs 'questions' (parquet path or rows) and 'corpus' (jsonl path or docs); "

@@ -16,10 +16,12 @@ Guarantees checked while generating (a candidate failing one is dropped, never a
 - a multi-hop answer appears in none of the subject's own passages, and the two hops come from
   different passages, so one retrieval of the subject cannot answer it.
 
-Train and test are disjoint by *subject entity*: each entity is assigned to one split by a hash of
-(world seed, entity id), so no test question asks about an entity a train question starts from.
-No-search questions are split by a hash of their text. Sampling is deterministic in
-``(world, n, seed, split, mix)``.
+The splits ``train``, ``validation`` and ``test`` are disjoint by *subject entity*: each entity is
+assigned to one split by a hash of (world seed, entity id) (test the first quarter of the hash range,
+as before validation existed, validation the next 15 %), so no held-out question asks about an entity
+a train question starts from. No-search questions are split by a hash of their text. A question text
+that two entities share (namesakes) is ambiguous and never asked, so no text is in two splits or twice
+in one. Sampling is deterministic in ``(world, n, seed, split, mix)``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from agentgym.rewards import normalize_answer
+from agentgym.splits import SPLITS, check_split, normalise_task_text
 from agentgym.envs.searchqa.world import ENTITY_RELATIONS, World, value_answers
 
 __all__ = [
@@ -40,7 +43,7 @@ __all__ = [
 
 QUESTION_TYPES = ("single_hop", "multi_hop", "no_search")
 DEFAULT_MIX: dict[str, float] = {"single_hop": 0.4, "multi_hop": 0.4, "no_search": 0.2}
-SPLITS = ("train", "test")
+VALIDATION_FRACTION = 0.15  # share of entities (and no-search texts) in the validation split
 
 
 @dataclass(frozen=True)
@@ -135,13 +138,18 @@ def _unit_hash(*parts: Any) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
-def entity_split(world: World, entity_id: str, test_fraction: float = 0.25) -> str:
+def _band(u: float, test_fraction: float, validation_fraction: float) -> str:
+    return "test" if u < test_fraction else "validation" if u < test_fraction + validation_fraction else "train"
+
+
+def entity_split(world: World, entity_id: str, test_fraction: float = 0.25,
+                 validation_fraction: float = VALIDATION_FRACTION) -> str:
     """The split an entity's questions belong to (fixed for a world, independent of sampling seed)."""
-    return "test" if _unit_hash("entity", world.seed, entity_id) < test_fraction else "train"
+    return _band(_unit_hash("entity", world.seed, entity_id), test_fraction, validation_fraction)
 
 
-def _text_split(text: str, test_fraction: float) -> str:
-    return "test" if _unit_hash("text", text) < test_fraction else "train"
+def _text_split(text: str, test_fraction: float, validation_fraction: float = VALIDATION_FRACTION) -> str:
+    return _band(_unit_hash("text", text), test_fraction, validation_fraction)
 
 
 def _entity_answers(world: World, entity_id: str) -> list[str]:
@@ -177,14 +185,20 @@ def _candidates(world: World, test_fraction: float) -> dict[str, dict[str, dict[
     pools: dict[str, dict[str, dict[str, list[dict]]]] = {
         s: {"single_hop": {}, "multi_hop": {}} for s in SPLITS}
     split_of = {e: entity_split(world, e, test_fraction) for e in world.entities}
+    rows: list[tuple[str, str, str, dict]] = []
     for qtype, templates in (("single_hop", SINGLE_HOP_TEMPLATES), ("multi_hop", MULTI_HOP_TEMPLATES)):
         for tpl in templates:
             for subject in world.of_kind(tpl.kind):
                 row = _instantiate(world, tpl, subject.id, contents, norm_contents)
-                if row is None:
-                    continue
-                row["type"] = qtype
-                pools[split_of[subject.id]][qtype].setdefault(tpl.name, []).append(row)
+                if row is not None:
+                    rows.append((split_of[subject.id], qtype, tpl.name, {**row, "type": qtype}))
+    texts: dict[str, int] = {}
+    for *_, row in rows:
+        key = normalise_task_text(row["question"])
+        texts[key] = texts.get(key, 0) + 1
+    for split, qtype, name, row in rows:
+        if texts[normalise_task_text(row["question"])] == 1:  # namesakes: ambiguous, and a possible leak
+            pools[split][qtype].setdefault(name, []).append(row)
     return pools
 
 
@@ -323,9 +337,10 @@ def _no_search(n: int, rng: random.Random, split: str, test_fraction: float) -> 
             raise ValueError(f"could not find {n} distinct no-search questions for split {split!r}")
         kind = kinds[len(out) % len(kinds)] if attempts % 3 else rng.choice(kinds)
         question, answers = NO_SEARCH_KINDS[kind](rng)
-        if question in seen or _text_split(question, test_fraction) != split:
+        key = normalise_task_text(question)
+        if key in seen or _text_split(question, test_fraction) != split:
             continue
-        seen.add(question)
+        seen.add(key)
         digest = hashlib.blake2b(question.encode(), digest_size=5).hexdigest()
         out.append({"id": f"{kind}@{digest}", "question": question, "answers": answers, "type": "no_search",
                     "needs_search": False, "gold_doc_ids": [], "hops": 0})
@@ -370,14 +385,15 @@ def make_questions(world: World, n: int, seed: int = 0, split: str = "train",
 
     Each row: ``{"id", "question", "answers", "type", "needs_search", "gold_doc_ids", "hops"}``.
     ``mix`` weights the three types (normalised; default 0.4 / 0.4 / 0.2); ``test_fraction`` is
-    the share of entities (and no-search texts) reserved for the test split.
+    the share of entities (and no-search texts) reserved for the test split (:data:`VALIDATION_FRACTION`
+    more go to validation).
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    check_split(split)
     if n < 0:
         raise ValueError("n must be >= 0")
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError("test_fraction must be in (0, 1)")
+    if not 0.0 < test_fraction < 1.0 - VALIDATION_FRACTION:
+        raise ValueError(f"test_fraction must be in (0, {1.0 - VALIDATION_FRACTION}) (validation takes "
+                         f"{VALIDATION_FRACTION} of the entities)")
     counts = _allocate(n, DEFAULT_MIX if mix is None else mix)
     rng = random.Random(f"agentgym.searchqa.questions:{world.seed}:{seed}:{split}")
     pools = _pools(world, test_fraction)[split]

@@ -6,15 +6,14 @@ import json
 import sqlite3
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from agentgym import AgentEnv, Reward, ToolSet, Transition
 from agentgym.parsing import first_tag, parse_tool_calls
 
 from .oracle import oracle as _oracle
 from .rewards import DEFAULT_TERMS, answer_ok, goal_met, tool_f1
 from .store import StoreData, generate_store
-from .tasks import _RESULT_MATCHED, _SPLIT_SEEDS, FAMILIES, _build_task, _money, _Skip
+from .tasks import _RESULT_MATCHED, FAMILIES, shop_facts, split_task
+from agentgym.splits import check_split
 from .tools import RetailStore, StoreError
 
 
@@ -61,7 +60,8 @@ class ToolCallEnv(AgentEnv):
     """Retail customer support with seven tools over a per-episode SQLite store.
 
     Args:
-        split: ``"train"`` or ``"test"`` — disjoint procedural task streams (shops and requests).
+        split: ``"train"``, ``"validation"`` or ``"test"``: disjoint procedural task streams (no task, i.e. shop
+            facts and request, in two splits or twice in one; see :mod:`agentgym.envs.toolcall.tasks`).
         families: task families to draw from (default: all of :data:`FAMILIES`, at their shares).
         transient_rate: share of tool-using tasks whose first call to one plan tool fails with a
             retryable "temporarily unavailable" error.
@@ -69,6 +69,9 @@ class ToolCallEnv(AgentEnv):
         reward: a custom :class:`~agentgym.Reward` or new weights for the default terms.
         tools_in_prompt: also list the tools in the system prompt (for chat templates without
             ``tools=`` support, e.g. SmolLM2's); turn off when the template renders ``tool_specs()``.
+        extra_tools: more tools the agent may call beside the shop's (a user's :class:`~agentgym.ToolSet`,
+            e.g. ``ToolSet.from_mcp(...)``); listed in the prompt and ``tool_specs()``, never in a task's
+            plan. The env does not own them: the caller closes them.
 
     ``info`` of a tool step: ``tool``, ``tool_ok``, ``tool_error``, ``transient``, ``in_target``,
     ``redundant``, ``args_ok``, ``timely``, ``well_formed``; of the answer step: ``db_ok``,
@@ -83,9 +86,8 @@ class ToolCallEnv(AgentEnv):
     def __init__(self, split: str = "train", families: Sequence[str] | None = None, transient_rate: float = 0.2,
                  max_turns: int = 10, reward: Reward | Mapping[str, float] | None = None,
                  tools_in_prompt: bool = True, max_action_chars: int = 16_384, render_mode: str | None = None,
-                 group_reward: Any = None):
-        if split not in _SPLIT_SEEDS:
-            raise ValueError(f"split must be one of {sorted(_SPLIT_SEEDS)}, got {split!r}")
+                 group_reward: Any = None, extra_tools: ToolSet | None = None):
+        check_split(split)
         families = list(FAMILIES) if families is None else list(families)
         unknown = set(families) - set(FAMILIES)
         if unknown or not families:
@@ -94,10 +96,12 @@ class ToolCallEnv(AgentEnv):
             raise ValueError(f"transient_rate must be in [0, 1], got {transient_rate}")
         self.split, self.transient_rate, self.tools_in_prompt = split, float(transient_rate), bool(tools_in_prompt)
         self.families = families
-        shares = np.array([FAMILIES[f] for f in families], dtype=float)
-        self._family_p = shares / shares.sum()
         self.store = RetailStore()
         self.tools = ToolSet(self.store.tools(), timeout_s=None)  # SQLite calls are fast: no worker thread
+        self.extra_tools = extra_tools
+        clash = set(self.tools.names) & set(extra_tools.names if extra_tools is not None else ())
+        if clash:
+            raise ValueError(f"extra_tools must not reuse the shop's tool names: {sorted(clash)}")
         self._calls: list[dict[str, Any]] = []
         self._success = False
         super().__init__(reward=reward, max_turns=max_turns, max_action_chars=max_action_chars, render_mode=render_mode,
@@ -108,27 +112,7 @@ class ToolCallEnv(AgentEnv):
         return Reward(list(DEFAULT_TERMS))
 
     def get_task(self, index: int) -> dict[str, Any]:
-        rng = np.random.default_rng([_SPLIT_SEEDS[self.split], int(index)])
-        db_seed = int(rng.integers(2**62))
-        data = generate_store(db_seed)
-        family = self.families[int(rng.choice(len(self.families), p=self._family_p))]
-        for _ in range(20):
-            try:
-                task = _build_task(family, data, rng)
-                break
-            except _Skip:  # this shop lacks what the family needs: draw another family
-                family = self.families[int(rng.choice(len(self.families), p=self._family_p))]
-        else:  # pragma: no cover - every generated shop hosts price lookups
-            task = _build_task("price_lookup", data, rng)
-        plan = task["plan"]
-        transient = None
-        if plan and rng.random() < self.transient_rate:
-            names = list(dict.fromkeys(s["name"] for s in plan))
-            transient = names[int(rng.integers(len(names)))]
-        task.update(split=self.split, db_seed=db_seed, transient_tool=transient,
-                    target_tools=sorted({s["name"] for s in plan}),
-                    optimal_steps=len(plan) + 1 + (transient is not None))
-        return task
+        return split_task(self.split, self.families, self.transient_rate, index)
 
     def initial_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system_prompt(generate_store(int(task["db_seed"])))},
@@ -136,7 +120,9 @@ class ToolCallEnv(AgentEnv):
 
     def system_prompt(self, data: StoreData) -> str:
         """The agent's instructions and the shop's public facts (what no-tool tasks are answered from)."""
-        tools = f"Tools:\n{_describe_tools(self.tools)}\n\n" if self.tools_in_prompt else ""
+        extra = f"\n{_describe_tools(self.extra_tools)}" if self.extra_tools is not None else ""
+        listing = _describe_tools(self.tools) + extra
+        tools = f"Tools:\n{listing}\n\n" if self.tools_in_prompt else ""
         return (
             "You are the customer-support agent of an online shop. Use the shop's tools to look things up or to "
             "change orders; answer directly when no tool is needed, since every call costs time.\n"
@@ -146,13 +132,11 @@ class ToolCallEnv(AgentEnv):
             "<answer>...</answer>; this ends the conversation. State the facts asked for in the answer (prices in "
             "EUR, quantities, order numbers, store names, order status).\n\n"
             f"{tools}"
-            f"Shop facts: stores in {', '.join(data.locations)}. Returns are accepted within {data.return_days} days "
-            f"of delivery. Standard shipping costs {_money(data.shipping_fee_cents)} and is free for orders of "
-            f"{data.free_shipping_over_eur} EUR or more. Standard delivery takes {data.delivery_days} business days."
+            f"{shop_facts(data)}"
         )
 
     def tool_specs(self) -> list[dict[str, Any]]:
-        return self.tools.specs()
+        return self.tools.specs() + (self.extra_tools.specs() if self.extra_tools is not None else [])
 
     def on_reset(self, task: Mapping[str, Any]) -> None:
         missing = {"db_seed", "request", "plan", "goal", "target_tools", "optimal_steps"} - set(task)
@@ -187,7 +171,8 @@ class ToolCallEnv(AgentEnv):
     def _tool_call(self, action: str, call: Any, blocks: int) -> Transition:
         outstanding = self._outstanding()
         self.store.transient_fired = False
-        result = self.tools.call(call.name, call.arguments)
+        tools = self.extra_tools if self.extra_tools is not None and call.name in self.extra_tools else self.tools
+        result = tools.call(call.name, call.arguments)
         key = _canonical([call.name, call.arguments])
         valid = result.error not in ("unknown_tool", "invalid_arguments")
         record = {"name": _safe(call.name), "arguments": call.arguments, "key": key, "ok": result.ok,

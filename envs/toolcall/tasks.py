@@ -1,13 +1,23 @@
 """ToolCall-v0's task families: a request, its gold plan of tool calls, the goal on the final database
-and the answer check, built from a generated store."""
+and the answer check, built from a generated store; and each split's task sequence.
+
+Splits: what the agent is shown of a task is its shop's public facts and the request
+(:func:`task_key`); a task belongs to the split a hash of that text names
+(:func:`agentgym.splits.split_of`), so ``train``, ``validation`` and ``test`` never show the same
+task (two shops with the same facts asked the same policy question are one task), and within a split
+index ``i`` never repeats an earlier index's task (:class:`agentgym.splits.DistinctDraws`)."""
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .store import ORDER_STATUSES, StoreData
+from agentgym.splits import DistinctDraws, normalise_task_text, split_of
+
+from .store import ORDER_STATUSES, StoreData, generate_store
 
 #: family -> share of tasks (renormalised over the families an env is built with)
 FAMILIES: dict[str, float] = {
@@ -21,7 +31,9 @@ FAMILIES: dict[str, float] = {
     "availability": 0.10,          # out-of-stock report: search_product -> check_inventory
     "out_of_stock_fallback": 0.10,  # preferred store lacks stock: ... -> check_inventory -> create_order elsewhere
 }
-_SPLIT_SEEDS = {"train": 0, "test": 1}
+_SPLIT_SEEDS = {"train": 0, "test": 1, "validation": 2}  # split -> seed of its candidate stream
+#: indices of a split built in order with no repeat (a candidate generates a shop: ~1 ms)
+DISTINCT_TASKS = 2_000
 _RESULT_MATCHED = {"search_product": "product", "find_customer": "customer"}
 
 
@@ -208,3 +220,52 @@ def _build_task(family: str, data: StoreData, rng: np.random.Generator) -> dict[
     request, plan, check, answer = _BUILDERS[family](data, rng, stock, goal)
     return {"family": family, "request": request, "plan": plan, "goal": goal, "answer_check": check,
             "oracle_answer": answer}
+
+
+def shop_facts(data: StoreData) -> str:
+    """The shop's public facts, as the system prompt states them (what no-tool tasks are answered from)."""
+    return (f"Shop facts: stores in {', '.join(data.locations)}. Returns are accepted within {data.return_days} days "
+            f"of delivery. Standard shipping costs {_money(data.shipping_fee_cents)} and is free for orders of "
+            f"{data.free_shipping_over_eur} EUR or more. Standard delivery takes {data.delivery_days} business days.")
+
+
+def task_key(task: dict[str, Any]) -> str:
+    """What the agent is shown of a task (its shop's facts and the request), normalised: one key, one task."""
+    return normalise_task_text(shop_facts(generate_store(int(task["db_seed"]))) + "\n" + str(task["request"]))
+
+
+def _draw_task(split: str, families: tuple[str, ...], transient_rate: float, index: int, attempt: int) -> dict[str, Any]:
+    """Candidate ``attempt`` for task ``index`` of ``split`` (attempt 0: the stream of the splits' first version)."""
+    rng = np.random.default_rng([_SPLIT_SEEDS[split], int(index)] + ([attempt] if attempt else []))
+    shares = np.array([FAMILIES[f] for f in families], dtype=float)
+    family_p = shares / shares.sum()
+    db_seed = int(rng.integers(2**62))
+    data = generate_store(db_seed)
+    family = families[int(rng.choice(len(families), p=family_p))]
+    for _ in range(20):
+        try:
+            task = _build_task(family, data, rng)
+            break
+        except _Skip:  # this shop lacks what the family needs: draw another family
+            family = families[int(rng.choice(len(families), p=family_p))]
+    else:  # pragma: no cover - every generated shop hosts price lookups
+        task = _build_task("price_lookup", data, rng)
+    plan = task["plan"]
+    transient = None
+    if plan and rng.random() < transient_rate:
+        names = list(dict.fromkeys(s["name"] for s in plan))
+        transient = names[int(rng.integers(len(names)))]
+    task.update(split=split, db_seed=db_seed, transient_tool=transient, target_tools=sorted({s["name"] for s in plan}),
+                optimal_steps=len(plan) + 1 + (transient is not None))
+    return task
+
+
+@functools.lru_cache(maxsize=16)
+def _split_tasks(split: str, families: tuple[str, ...], transient_rate: float) -> DistinctDraws:
+    return DistinctDraws(split, functools.partial(_draw_task, split, families, transient_rate), key=task_key,
+                         in_split=lambda t: split_of(task_key(t)) == split, prefix=DISTINCT_TASKS)
+
+
+def split_task(split: str, families: Sequence[str], transient_rate: float, index: int) -> dict[str, Any]:
+    """Task ``index`` of ``split`` drawn from ``families`` (a fresh copy: callers may mutate it)."""
+    return copy.deepcopy(_split_tasks(split, tuple(families), float(transient_rate)).get(index))
