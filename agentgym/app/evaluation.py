@@ -8,14 +8,15 @@ term, turns, tool calls, and the env's own episode metrics (ToolCall-v0's
 ``split`` (every built-in env with a train/test split); others run as configured.
 
 Per task as well: each task's success is the mean over its ``group_size`` episodes (:func:`per_task`),
-summarized with a 95 % bootstrap CI over tasks and pass@k (:func:`task_summary`); ``paired_with`` an
+summarized with a 95 % bootstrap CI over tasks and, with ``group_size`` = n > 1 samples per task, pass@k
+for k = 1, 2, 4, ... (and 10, 100) up to n by the unbiased estimator of Chen et al. 2021
+(:func:`task_summary`, :func:`pass_at_k_values`); ``paired_with`` an
 earlier eval's JSON on the same tasks gives the paired difference per task with its CI
 (:func:`paired_difference`): is this checkpoint better than that one on these questions?
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import time
@@ -25,12 +26,12 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from agentgym.policy import SamplingParams
-from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutViews
+from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutProgress, RolloutViews
 from agentgym.rollout_metrics import scored_episodes, task_groups, task_success
 from agentgym.trajectory import Trajectory
 
 __all__ = ["EvalRunConfig", "EvalResult", "evaluate", "env_takes_split", "per_task", "task_summary",
-           "load_eval_tasks", "paired_difference"]
+           "load_eval_tasks", "paired_difference", "pass_at_k_values", "pass_at_k_text"]
 
 
 @dataclass
@@ -122,16 +123,48 @@ def per_task(trajectories: list[Trajectory], group_size: int) -> list[dict[str, 
 def task_summary(tasks: list[dict[str, Any]], group_size: int) -> dict[str, Any]:
     """Success over tasks with its 95 % percentile-bootstrap CI (tasks resampled; each task's value is the
     mean of its episodes; NaN bounds where there is no interval, ``ci_note`` then says why: fewer than 2
-    tasks, or all alike) and, with ``group_size`` = k > 1, pass@k: the share of tasks that any of their k
-    episodes solved. Tasks without a scored episode are left out."""
+    tasks, or all alike) and, with ``group_size`` = n > 1, ``pass@k`` for each k of :func:`pass_at_k_values`
+    (pass@n is the share of tasks that any of their n episodes solved). Tasks without a scored episode are
+    left out."""
     from agentgym.app.stats import bootstrap_ci, without_undefined
     values = [t["success"] for t in tasks if not math.isnan(t["success"])]
     (mean, low, high), why = without_undefined(bootstrap_ci(values), len(values), "task")  # NaN bounds: no interval
     out: dict[str, Any] = {"tasks": float(len(values)), "task_success": mean, "task_success_ci_low": low,
                            "task_success_ci_high": high, "ci_note": why}
     if group_size > 1:
-        out[f"pass@{group_size}"] = float(np.mean([v > 0 for v in values])) if values else math.nan
+        out.update(pass_at_k_values(tasks, group_size))
     return out
+
+
+def _k_values(n: int) -> list[int]:
+    """The k reported for n samples per task: 1, 2, 4, 8, ..., HumanEval's usual 10 and 100, and n itself."""
+    ks = {k for k in (10, 100) if k <= n} | {n}
+    k = 1
+    while k < n:
+        ks.add(k)
+        k *= 2
+    return sorted(ks)
+
+
+def pass_at_k_values(tasks: list[dict[str, Any]], n: int) -> dict[str, float]:
+    """``{"pass@k": mean over tasks}`` for k in 1, 2, 4, ... (10, 100) up to ``n`` samples per task, each task's
+    value the unbiased estimator :func:`agentgym.app.stats.pass_at_k` of its scored episodes (``c`` = its
+    success times ``scored``). A task is in pass@k only when at least k of its episodes were scored (an
+    outage does not count as a failed sample); NaN when no task is."""
+    from agentgym.app.stats import pass_at_k
+    counts = [(int(t["scored"]), int(round(t["success"] * t["scored"]))) for t in tasks
+              if t["scored"] and not math.isnan(t["success"])]
+    out = {}
+    for k in _k_values(n):
+        values = [pass_at_k(m, c, k) for m, c in counts if m >= k]
+        out[f"pass@{k}"] = float(np.mean(values)) if values else math.nan
+    return out
+
+
+def pass_at_k_text(summary: dict[str, Any]) -> str:
+    """The pass@k entries of a :func:`task_summary`, as one line: ``pass@1 0.412, pass@2 0.530, ...``."""
+    keys = sorted((k for k in summary if k.startswith("pass@")), key=lambda k: int(k[5:]))
+    return ", ".join(f"{k} {summary[k]:.3f}" for k in keys)
 
 
 def load_eval_tasks(path: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -191,9 +224,10 @@ def env_takes_split(env_id: str) -> bool:
     spec = gym.spec(env_id)
     if "split" in (spec.kwargs or {}):
         return True
+    from agentgym.registry import entry_point_parameters
     creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
     try:
-        params = inspect.signature(creator).parameters
+        params = entry_point_parameters(creator)
     except (TypeError, ValueError):
         return False
     return "split" in params
@@ -238,9 +272,9 @@ def evaluate(policy: Any, cfg: EvalRunConfig, env_id: str,
                 indices = [cfg.first_task + start + i for i in range(k)] if cfg.first_task is not None else None
             done_before = len(trajectories)
 
-            def turn(finished: int, total: int, tokens: int = 0, generating: tuple[int, int] | None = None) -> None:
+            def turn(p: RolloutProgress) -> None:
                 if on_turn is not None:
-                    on_turn(done_before + finished, tokens_before[0] + tokens, generating)
+                    on_turn(done_before + p.finished, tokens_before[0] + p.tokens, p.generating)
             batch = engine.collect(env_id, num_groups=k, group_size=cfg.group_size, task_indices=indices,
                                    seed=cfg.seed + start, env_kwargs=env_kwargs, progress=turn)
             tokens_before[0] += int(batch.metrics.get("generated_tokens", 0))
