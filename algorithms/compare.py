@@ -68,8 +68,9 @@ from typing import Any, Callable, Mapping, Sequence
 from agentgym.config import load_config, same_config, to_dict
 
 from agentgym.algorithms.catalog import learner_needs_groups
-from agentgym.algorithms.compare_arms import (EXTERNAL_ALGOS, HARNESS_KEYS, CompareError, RunRecord, Variant,
-                                              _check_env, _PolicySource, _resolve, parse_variants)
+from agentgym.algorithms.compare_arms import (DECLARATION_FILE, EXTERNAL_ALGOS, HARNESS_KEYS, CompareError, RunRecord,
+                                              Variant, _check_env, _PolicySource, _resolve, declare_metrics,
+                                              parse_variants, run_commits)
 from agentgym.algorithms.compare_report import (CSV_COLUMNS, _check_same_tasks, _g, _json_default,  # noqa: F401
                                                 is_negative_control, markdown_table, plot_comparison,
                                                 summarize_runs, write_artifacts, write_csv)
@@ -203,8 +204,14 @@ def _run_one(cfg: TrainConfig, variant: Variant, policies: _PolicySource, log: C
 def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps: int, *, env: str | None = None,
             config: str | Path | None = None, overrides: Sequence[str] = (), out_dir: str | Path = "runs/compare",
             keep_checkpoints: bool = False, resume: bool = False, threshold: float = 0.8,
-            log: Callable[[str], None] = print, overwrite: bool = False, report_only: bool = False) -> dict[str, Any]:
+            log: Callable[[str], None] = print, overwrite: bool = False, report_only: bool = False,
+            primary: str | None = None, exploratory: Sequence[str] = ()) -> dict[str, Any]:
     """Run every variant on every seed and write the comparison artifacts into ``out_dir``.
+
+    ``primary``: the metric the comparison is about, declared before it runs (default: held-out success
+    after training on the eval split; :func:`~agentgym.algorithms.compare_arms.declare_metrics`); a
+    ``resume`` or ``report_only`` keeps the recorded one and refuses another. ``exploratory``: metrics added
+    later, labelled so in the report.
 
     ``report_only``: train nothing; write the artifacts from the runs already finished in ``out_dir``
     (as ``resume`` would reuse them), on the seeds every variant has finished, naming what is left out:
@@ -224,6 +231,8 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
     seeds = _seed_list(seeds, base.seed)
     _check_env(base.env, base.env_kwargs, base.eval.env_kwargs)
     configs = _plan_runs(variants, seeds, steps, env, config, overrides, out)
+    declared = declare_metrics(out, primary, exploratory, continuing=resume or report_only,
+                               split=base.eval.env_kwargs.get("split"))
 
     per_step = base.groups_per_step * base.group_size
     log(f"[compare] {base.env}: {', '.join(v.label for v in variants)} × seeds {seeds} × {steps} steps; "
@@ -235,20 +244,40 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
         if not out.is_dir():
             raise CompareError(f"--report-only: {out} is not a folder; give the --out of a comparison that ran")
         records, seeds = _finished_runs(configs, variants, out, log)
+        (out / DECLARATION_FILE).write_text(json.dumps(declared, indent=1))   # exploratory metrics added now
     else:
         if not resume:
             from agentgym.app.runs import prepare_output_dir
             prepare_output_dir(out, overwrite=overwrite, command="compare")
         out.mkdir(parents=True, exist_ok=True)
-        records = _run_all(configs, resume=resume, keep_checkpoints=keep_checkpoints, log=log)
+        (out / DECLARATION_FILE).write_text(json.dumps(declared, indent=1))    # before the first run starts
+        records = _run_all(configs, resume=resume, keep_checkpoints=keep_checkpoints, log=log,
+                           primary=declared["primary"])
+    _warn_mixed_commits(records, log)
+    return _report(out, records, variants, base, seeds, steps, threshold, declared, log)
 
+
+def _report(out: Path, records: list[RunRecord], variants: Sequence[Variant], base: TrainConfig, seeds: list[int],
+            steps: int, threshold: float, declared: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+    """The summary (with the differences of the declared and exploratory metrics too) and the artifacts."""
     check = _check_same_tasks(records)
-    summary = summarize_runs(records, variants, per_step, threshold)
-    paths = write_artifacts(out, records, variants, summary, base, seeds, steps, threshold, check)
+    metrics = ["final_reward", "auc_reward", "eval_success_after", declared["primary"], *declared["exploratory"]]
+    per_step = base.groups_per_step * base.group_size
+    summary = summarize_runs(records, variants, per_step, threshold, metrics=list(dict.fromkeys(metrics)))
+    paths = write_artifacts(out, records, variants, summary, base, seeds, steps, threshold, check, declared=declared)
     log(f"[compare] same tasks across algos: {check}")
     log(f"[compare] wrote {', '.join(str(p) for p in paths.values())}")
     return {"summary": summary, "same_tasks": check, "paths": {k: str(p) for k, p in paths.items()},
             "runs": records}
+
+
+def _warn_mixed_commits(records: Sequence[RunRecord], log: Callable[[str], None]) -> None:
+    """A comparison whose runs ran different code (a resumed study, another process's seeds) says so: its
+    differences may be the code's. The report lists the commits too (:func:`run_commits`)."""
+    commits = run_commits(records)
+    if len(commits) > 1:
+        log(f"[compare] warning: the runs of this comparison ran at {len(commits)} different commits: "
+            + "; ".join(f"{c} ({', '.join(names)})" for c, names in commits.items()))
 
 
 def _check_arguments(steps: int, threshold: float, overrides: Sequence[str]) -> None:
@@ -321,8 +350,9 @@ def _finished_runs(configs: Sequence[tuple[Variant, TrainConfig]], variants: Seq
 
 
 def _run_all(configs: Sequence[tuple[Variant, TrainConfig]], *, resume: bool, keep_checkpoints: bool,
-             log: Callable[[str], None]) -> list[RunRecord]:
-    """Every planned run in order; with ``resume``, a finished run with an unchanged config is reused."""
+             log: Callable[[str], None], primary: str) -> list[RunRecord]:
+    """Every planned run in order; with ``resume``, a finished run with an unchanged config is reused. Each
+    new run's ``compare_run.json`` records the declared ``primary`` metric."""
     policies = _PolicySource()
     records: list[RunRecord] = []
     befores: dict[str, tuple[dict[str, Any], str]] = {}   # an eval before training per BEFORE_EVAL_KEYS
@@ -345,6 +375,7 @@ def _run_all(configs: Sequence[tuple[Variant, TrainConfig]], *, resume: bool, ke
             befores[key] = (rec.before, f"{v.label} seed {cfg.seed}")
         if not keep_checkpoints:
             shutil.rmtree(Path(cfg.output_dir) / "checkpoints", ignore_errors=True)
+        rec.primary = primary
         done_file.write_text(json.dumps(dataclasses.asdict(rec)))
         records.append(rec)
         h = rec.history

@@ -17,15 +17,20 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agentgym.app.stats import (diff_ci, format_ci, mean_ci, min_detectable_difference, paired_bootstrap_ci,
-                                paired_count, paired_diff_ci, paired_min_detectable, verdict, without_undefined)
+from agentgym.app.stats import (diff_ci, format_ci, hierarchical_bootstrap_diff, mean_ci, min_detectable_difference,
+                                paired_bootstrap_ci, paired_count, paired_diff_ci, paired_min_detectable, verdict,
+                                without_undefined)
 
-from agentgym.algorithms.compare_arms import RunRecord, Variant
+from agentgym.algorithms.compare_arms import (RunRecord, Variant, metric_role, primary_lines, provenance_lines,
+                                              run_commits)
 from agentgym.algorithms.compare_health import health_lines, health_summary
 from agentgym.algorithms.trainer import TrainConfig
 
-__all__ = ["CSV_COLUMNS", "is_negative_control", "markdown_table", "plot_comparison", "summarize_runs",
+__all__ = ["CSV_COLUMNS", "is_negative_control", "markdown_table", "plot_comparison", "run_commits", "summarize_runs",
            "write_artifacts", "write_csv"]
+
+#: the metrics every comparison's table of differences has (the declared and exploratory ones are added)
+DIFFERENCE_METRICS = ("final_reward", "auc_reward", "eval_success_after")
 
 CSV_COLUMNS = ["phase", "algo", "learner", "seed", "step", "episodes", "reward", "reward_std", "success",
                "tokens", "tokens_cumulative", "step_s", "wall_s", "run_wall_s", "kl", "entropy", "loss", "tasks"]
@@ -75,8 +80,9 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def summarize_runs(records: Sequence[RunRecord], variants: Sequence[Variant], per_step: int,
-                   threshold: float) -> dict[str, dict[str, Any]]:
-    """Per variant: the table's numbers (see the module docstring for the definitions)."""
+                   threshold: float, metrics: Sequence[str] = DIFFERENCE_METRICS) -> dict[str, dict[str, Any]]:
+    """Per variant: the table's numbers (see the module docstring for the definitions); ``metrics``: those
+    whose pairwise differences are tabled (:data:`~agentgym.algorithms.compare_arms.METRICS`)."""
     groups = {v.label: [r for r in records if r.label == v.label] for v in variants}
     groups = {k: g for k, g in groups.items() if g}
     r0 = float(np.nanmean([_g(r.history[0], "rollout/reward_mean") for r in records if r.history]))
@@ -110,12 +116,14 @@ def summarize_runs(records: Sequence[RunRecord], variants: Sequence[Variant], pe
                                "auc_reward": np.nanmean(rewards, axis=1),
                                "eval_success_after": [_g(r.after, "eval/success_rate") for r in runs]}),
             "per_seed": {"final_reward": rewards[:, -1].tolist(), "auc_reward": np.nanmean(rewards, axis=1).tolist(),
-                         "eval_success_after": [_g(r.after, "eval/success_rate") for r in runs]},
+                         "final_success": success[:, -1].tolist(),
+                         "eval_success_after": [_g(r.after, "eval/success_rate") for r in runs],
+                         "eval_reward_after": [_g(r.after, "eval/reward_mean") for r in runs]},
             # per seed, each held-out task's success after training (the paired analysis pairs seeds and tasks)
             "eval_successes_after": {str(r.seed): list(r.after.get("successes", [])) for r in runs},
         }
     out["_reference"] = {"r0": r0, "best_final": best, "target": target}
-    out["_differences"] = _pairwise_differences(out)
+    out["_differences"] = _pairwise_differences(out, metrics)
     out["_paired"] = _paired_differences(out)
     out["_health"] = health_summary(records, list(groups))
     return out
@@ -139,7 +147,7 @@ def _seed_intervals(per_metric: Mapping[str, Sequence[float]]) -> dict[str, dict
     return {"ci": cis, "ci_undefined": reasons}
 
 
-def _pairwise_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _pairwise_differences(summary: Mapping[str, Any], metrics: Sequence[str] = DIFFERENCE_METRICS) -> list[dict[str, Any]]:
     """Every pair of variants, per metric: Welch's 95 % interval of the difference of seed means and
     whether it excludes 0 (:func:`agentgym.app.stats.verdict`). Where it does not exist (a variant with one
     seed; both variants' seeds agreeing among themselves) ``low``/``high`` are NaN, ``undefined`` says
@@ -148,7 +156,7 @@ def _pairwise_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for i, a in enumerate(labels):
         for b in labels[i + 1:]:
-            for metric in ("final_reward", "auc_reward", "eval_success_after"):
+            for metric in metrics:
                 xa, xb = summary[a]["per_seed"][metric], summary[b]["per_seed"][metric]
                 raw = diff_ci(xa, xb)
                 ci, reason = without_undefined(raw, min(_finite_count(xa), _finite_count(xb)))
@@ -159,16 +167,17 @@ def _pairwise_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _paired_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Held-out success after training, every pair of variants, paired twice (the arms share seeds and
-    eval tasks: a seed fixes the training tasks, the initial model and the eval tasks):
+    """Held-out success after training, every pair of variants (the arms share seeds and eval tasks: a seed
+    fixes the training tasks, the initial model and the eval tasks):
 
+    - ``headline``: the interval over seeds *and* questions
+      (:func:`~agentgym.app.stats.hierarchical_bootstrap_diff`, seeds paired): what a new set of seeds on new
+      questions from the same split would give; its ``verdict`` (significant / noise / n/a) is the pair's;
     - *over seeds*: Student's t interval of the per-seed differences, on the seeds both variants ran
       (:func:`~agentgym.app.stats.paired_diff_ci`), with its smallest detectable difference;
     - *over tasks*: percentile bootstrap over the eval tasks of each task's success averaged over those
-      seeds (:func:`~agentgym.app.stats.paired_bootstrap_ci`), the seeds held fixed.
-
-    ``verdict``: *separated* when both intervals exclude 0 on the same side, *noise* when neither does,
-    *one of two* when only one does, *n/a* when either interval does not exist."""
+      seeds (:func:`~agentgym.app.stats.paired_bootstrap_ci`), the seeds held fixed: *conditional on these
+      runs*, it speaks of the trained models at hand, not of the learners, and judges nothing."""
     labels = [k for k in summary if not k.startswith("_")]
     rows = []
     for i, a in enumerate(labels):
@@ -183,18 +192,15 @@ def _paired_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             raw_tasks = paired_bootstrap_ci(ta, tb)
             n_tasks = paired_count(ta, tb)   # the tasks both variants scored
             tasks_ci, tasks_why = without_undefined(raw_tasks, n_tasks, unit="task")
-            verdicts = (verdict(raw_seeds), verdict(raw_tasks))
-            if "n/a" in verdicts:
-                both = "n/a"
-            elif verdicts == ("significant", "significant") and (seeds_ci[1] > 0) == (tasks_ci[1] > 0):
-                both = "separated"
-            else:
-                both = "noise" if verdicts == ("noise", "noise") else "one of two"
+            raw_head = hierarchical_bootstrap_diff([sa[k] for k in seeds], [sb[k] for k in seeds], paired=True)
+            head_ci, head_why = without_undefined(raw_head, min(len(seeds), n_tasks),
+                                                  unit="seed" if len(seeds) < 2 else "task")
             rows.append({"a": a, "b": b, "metric": "eval_success_after", "diff": raw_seeds[0],
+                         "headline": list(head_ci), "headline_undefined": head_why, "verdict": verdict(raw_head),
                          "seeds": [int(k) for k in seeds], "tasks": n_tasks,
                          "over_seeds": list(seeds_ci), "over_seeds_undefined": seeds_why,
                          "over_seeds_min_detectable": paired_min_detectable(xa, xb),
-                         "over_tasks": list(tasks_ci), "over_tasks_undefined": tasks_why, "verdict": both})
+                         "over_tasks": list(tasks_ci), "over_tasks_undefined": tasks_why})
     return rows
 
 
@@ -229,16 +235,18 @@ def _paired_lines(paired: Sequence[Mapping[str, Any]]) -> list[str]:
     """The paired table of :func:`_paired_differences`."""
     if not paired:
         return []
-    lines = ["**Held-out success after training, paired** (the arms share seeds and eval tasks, so each "
-             "seed's runs and each task's outcomes are compared directly; a paired interval is narrower than "
-             "Welch's above when seeds or tasks differ in difficulty. *over seeds*: t interval of the per-seed "
-             "differences; *over tasks*: bootstrap over tasks of the seed-averaged success, seeds held fixed; "
-             "*separated*: both exclude 0, *one of two*: only one does):", "",
-             "| a − b | difference | over seeds, 95 % CI | smallest detectable over seeds (80 % power) "
-             "| over tasks, 95 % CI | verdict |", "|---|---:|---:|---:|---:|---|"]
+    lines = ["**Held-out success after training, paired** (the arms share seeds and eval tasks). *over seeds and "
+             "questions* (the headline, and the verdict): hierarchical bootstrap, seeds paired, so both training "
+             "and question variance are in it; *over seeds*: t interval of the per-seed differences; *over "
+             "questions, conditional on these runs*: bootstrap over tasks of the seed-averaged success with the "
+             "trained runs held fixed, which says how sure we are about these models, not about the learners:", "",
+             "| a − b | difference | over seeds and questions, 95 % CI | over seeds, 95 % CI | smallest detectable "
+             "over seeds (80 % power) | over questions, conditional on these runs | verdict |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for d in paired:
         mdd = d["over_seeds_min_detectable"]
         lines.append(f"| `{d['a']}` − `{d['b']}` | {d['diff']:+.3f} | "
+                     f"{_fmt_ci(tuple(d['headline']), d['headline_undefined'])} | "
                      f"{_fmt_ci((d['diff'], *d['over_seeds'][1:]), d['over_seeds_undefined'])}{_count(len(d['seeds']), 'seed', d['over_seeds_undefined'])} | "
                      f"{'n/a' if math.isnan(mdd) else f'{mdd:.3f}'} | "
                      f"{_fmt_ci(tuple(d['over_tasks']), d['over_tasks_undefined'])}{_count(d['tasks'], 'task', d['over_tasks_undefined'])} | {d['verdict']} |")
@@ -325,17 +333,40 @@ def _fmt(ms: tuple[float, float], digits: int = 3, signed: bool = False) -> str:
     return f"{m:+.{digits}f} ± {s:.{digits}f}" if signed else f"{m:.{digits}f} ± {s:.{digits}f}"
 
 
+def _legend_lines(base: TrainConfig, n_seeds: int, ref: Mapping[str, float], threshold: float) -> list[str]:
+    """The definitions under the summary table."""
+    pct = round(threshold * 100)
+    split = base.eval.env_kwargs.get("split") or "held-out"
+    return ["",
+            f"mean ± sample std over {n_seeds} seed(s). *final*: the last step's sampled batch. *AUC*: mean training "
+            f"reward over all steps. *episodes to {pct} %*: first training episode count at which the seed-mean reward "
+            f"reaches r0 + {threshold:g}·(r* − r0), r0 = {ref['r0']:+.3f} (mean first-step reward, all runs), "
+            f"r* = {ref['best_final']:+.3f} (best final seed-mean), target {ref['target']:+.3f}; — = never, or no "
+            f"algo improved on r0. *held-out*: {base.eval.describe()} per task, on the same "
+            f"{base.eval.episodes} `{split}` tasks before and after. *train s*: the training loop (rollouts + updates); "
+            "*run wall*: also model copy and both evals. *95 % CI*: Student's t interval over seeds (with few "
+            "seeds it is wide; a bootstrap over 3 seeds would be falsely narrow). *n/a (1 seed)*: one seed has "
+            "no spread to estimate; *n/a (seeds agree: no spread)*: every seed gave the same value, so the "
+            "interval would have zero width, which means the seeds agreed, not that the value is exact. "
+            "Neither is an interval, and a difference without one is never called significant.", ""]
+
+
 def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequence[int], steps: int, per_step: int,
-                   threshold: float, same_tasks: str) -> str:
-    """The comparison table plus the definitions a reader needs to interpret it."""
+                   threshold: float, same_tasks: str, declared: Mapping[str, Any] | None = None,
+                   provenance: Mapping[str, Any] | None = None, commits: Mapping[str, Sequence[str]] | None = None) -> str:
+    """The comparison table plus the definitions a reader needs to interpret it. It leads with the declared
+    primary metric (``declared``, :func:`~agentgym.algorithms.compare_arms.declare_metrics`; default held-out
+    success) and ends with the provenance block when ``provenance`` is given."""
     ref = summary["_reference"]
     pct = round(threshold * 100)
-    lines = [f"Env `{base.env}` (env_kwargs `{json.dumps(base.env_kwargs)}`), model `{base.model}`, seeds {list(seeds)}, "
+    split = base.eval.env_kwargs.get("split") or "the env's default"
+    lines = [*primary_lines(summary, declared, base.eval.describe(), split), f"Env `{base.env}` (env_kwargs `{json.dumps(base.env_kwargs)}`), model `{base.model}`, seeds {list(seeds)}, "
              f"{steps} steps × {per_step} episodes ({base.groups_per_step} groups × {base.group_size}), "
              f"max_new_tokens {base.sampling.max_new_tokens}; same tasks across algos: {same_tasks}.",
              "",
              f"| algo | final train reward | final train success | AUC (mean train reward) | episodes to {pct} % "
-             "| held-out success before → after | held-out reward after | train s / run | run wall s | gen. tokens / run |",
+             f"| held-out (`{split}`) success before → after | held-out reward after | train s / run | run wall s "
+             "| gen. tokens / run |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, s in summary.items():
         if label.startswith("_"):
@@ -349,18 +380,7 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
                      f"{_fmt(s['auc_reward'], signed=True)} | {reach} | {_fmt(s['eval_success_before'], 2)} → "
                      f"{_fmt(s['eval_success_after'], 2)} | {_fmt(s['eval_reward_after'], signed=True)} | "
                      f"{_fmt(s['train_s'], 0)} | {_fmt(s['run_wall_s'], 0)} | {_fmt(s['tokens'], 0)} |")
-    lines += ["",
-              f"mean ± sample std over {len(seeds)} seed(s). *final*: the last step's sampled batch. *AUC*: mean training "
-              f"reward over all steps. *episodes to {pct} %*: first training episode count at which the seed-mean reward "
-              f"reaches r0 + {threshold:g}·(r* − r0), r0 = {ref['r0']:+.3f} (mean first-step reward, all runs), "
-              f"r* = {ref['best_final']:+.3f} (best final seed-mean), target {ref['target']:+.3f}; — = never, or no "
-              f"algo improved on r0. *held-out*: {base.eval.describe()} per task, on the same "
-              f"{base.eval.episodes} test tasks before and after. *train s*: the training loop (rollouts + updates); "
-              "*run wall*: also model copy and both evals. *95 % CI*: Student's t interval over seeds (with few "
-              "seeds it is wide; a bootstrap over 3 seeds would be falsely narrow). *n/a (1 seed)*: one seed has "
-              "no spread to estimate; *n/a (seeds agree: no spread)*: every seed gave the same value, so the "
-              "interval would have zero width, which means the seeds agreed, not that the value is exact. "
-              "Neither is an interval, and a difference without one is never called significant.", ""]
+    lines += _legend_lines(base, len(seeds), ref, threshold)
     lines += health_lines(summary.get("_health", {}))
     diffs = summary.get("_differences", [])
     if diffs:
@@ -372,7 +392,8 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
         for d in diffs:
             ci = _fmt_ci((d["diff"], d["low"], d["high"]), d.get("undefined"))
             mdd = d.get("min_detectable", math.nan)
-            lines.append(f"| `{d['a']}` − `{d['b']}` | {d['metric']} | {d['diff']:+.3f} | {ci} | {d['verdict']} | "
+            lines.append(f"| `{d['a']}` − `{d['b']}` | {d['metric']} ({metric_role(d['metric'], declared)}) | "
+                         f"{d['diff']:+.3f} | {ci} | {d['verdict']} | "
                          f"{'n/a' if math.isnan(mdd) else f'{mdd:.3f}'} |")
         sig = sum(d["verdict"] == "significant" for d in diffs)
         undefined = sum(d["verdict"] == "n/a" for d in diffs)
@@ -383,6 +404,8 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
                      else "." if undefined else "; all separate from seed noise."), ""]
         lines += _power_lines(diffs, len(seeds)) + _paired_lines(summary.get("_paired", []))
         lines += _control_lines(diffs, summary.get("_paired", []))
+    if provenance is not None:
+        lines += provenance_lines(provenance, commits or {})
     return "\n".join(lines)
 
 
@@ -420,7 +443,7 @@ def _control_lines(diffs: Sequence[Mapping[str, Any]], paired: Sequence[Mapping[
                    "n/a": "no interval"}[d["verdict"]] + " (Welch)")
         p = by_pair.get((d["a"], d["b"])) if d["metric"] == "eval_success_after" else None
         if p is not None:
-            line += f"; paired over seeds and tasks: {p['verdict']}"
+            line += f"; paired over seeds and tasks: {p['verdict']} (the headline interval)"
         out.append(line)
     return out + [""]
 
@@ -448,16 +471,26 @@ def _fmt_ci(ci: tuple[float, float, float], reason: str | None = None) -> str:
 
 def write_artifacts(out: Path, records: Sequence[RunRecord], variants: Sequence[Variant], summary: Mapping[str, Any],
                     base: TrainConfig, seeds: Sequence[int], steps: int, threshold: float,
-                    same_tasks: str) -> dict[str, Path]:
-    """``compare.{csv,png,md,json}`` in ``out``; returns their paths by extension."""
+                    same_tasks: str, declared: Mapping[str, Any] | None = None) -> dict[str, Path]:
+    """``compare.{csv,png,md,json}`` in ``out``; returns their paths by extension. Both the markdown and the
+    JSON lead with the declared primary metric and carry a provenance block (this process's code, packages
+    and machine; every run's commit)."""
+    import torch
+
+    from agentgym.provenance import collect_provenance
     per_step = base.groups_per_step * base.group_size
+    provenance = {**collect_provenance(base.precision, torch.get_num_threads()), "runs": run_commits(records)}
     paths = {ext: out / f"compare.{ext}" for ext in ("csv", "png", "md", "json")}
     write_csv(records, per_step, paths["csv"])
     plot_comparison(records, variants, per_step, paths["png"], title=f"{base.env} · {base.model} · {_plural(len(seeds), 'seed')}",
                     scored=base.eval.describe())
-    paths["md"].write_text(markdown_table(summary, base, seeds, steps, per_step, threshold, same_tasks))
+    paths["md"].write_text(markdown_table(summary, base, seeds, steps, per_step, threshold, same_tasks, declared,
+                                          provenance, provenance["runs"]))
     paths["json"].write_text(json.dumps({
-        "date": datetime.date.today().isoformat(), "env": base.env, "model": base.model, "seeds": list(seeds),
+        "primary": {**(declared or {"primary": "eval_success_after"}), "eval_split": base.eval.env_kwargs.get("split"),
+                    "differences": [d for d in summary.get("_paired", []) + summary.get("_differences", [])
+                                    if d["metric"] == (declared or {}).get("primary", "eval_success_after")]},
+        "provenance": provenance, "date": datetime.date.today().isoformat(), "env": base.env, "model": base.model, "seeds": list(seeds),
         "steps": steps, "episodes_per_step": per_step, "threshold": threshold, "same_tasks": same_tasks,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "variants": [dataclasses.asdict(v) for v in variants], "summary": summary,

@@ -93,6 +93,9 @@ def test_two_algos_two_seeds_artifacts_rows_and_same_tasks(tmp_path, capsys):
     (["--algos", "grpo", "group_size=1"], "needs group_size >= 2"),
     (["algo=ppo"], "set algo with --algos"),
     (["learner.lr=fast"], "learner.lr"),
+    (["--primary", "speed"], "--primary 'speed' is not a comparison metric; choose from eval_success_after"),
+    (["--exploratory", "auc_reward,luck"], "--exploratory 'luck' is not a comparison metric"),
+    (["--exploratory", "eval_success_after"], "--exploratory eval_success_after is this comparison's primary metric"),
 ])
 def test_bad_arguments_are_one_line_errors(argv, message, tmp_path, capsys):
     assert main(["compare", "--out", str(tmp_path / "x"), *argv, "model=tiny-random"]) == 2
@@ -196,8 +199,10 @@ def _eval_record(label: str, seed: int, successes: list[float]) -> RunRecord:
 
 
 def test_held_out_success_is_also_compared_paired_over_seeds_and_tasks():
-    """Arms that share seeds and eval tasks: per pair, a t interval over the per-seed differences and a
-    bootstrap over tasks; 'separated' only when both exclude 0, and the control lines say so."""
+    """Arms that share seeds and eval tasks: per pair, the headline interval over seeds and questions (its verdict
+    is the pair's), a t interval over the per-seed differences and a bootstrap over tasks conditional on the runs;
+    the control lines give the headline verdict. (Before issue 47 the verdict was 'separated' when both the
+    over-seeds and the over-tasks intervals excluded 0; the conditional one no longer votes.)"""
     from agentgym.algorithms.compare import markdown_table
     from agentgym.algorithms.trainer import TrainConfig
     rng = np.random.default_rng(0)
@@ -216,7 +221,7 @@ def test_held_out_success_is_also_compared_paired_over_seeds_and_tasks():
     p = paired[("grpo", "grpo-shuffled")]
     assert p["seeds"] == [0, 1, 2, 3] and p["tasks"] == 40
     assert p["diff"] == pytest.approx((8 + 9 + 8 + 9) / 4 / 40)
-    assert p["over_seeds"][1] > 0 and p["over_tasks"][1] > 0 and p["verdict"] == "separated"
+    assert p["over_seeds"][1] > 0 and p["over_tasks"][1] > 0 and p["headline"][1] > 0 and p["verdict"] == "significant"
     # Welch over the same per-seed values cannot separate them: the seeds' spread swamps the difference
     welch = next(d for d in s["_differences"] if (d["a"], d["b"], d["metric"]) == ("grpo", "grpo-shuffled", "eval_success_after"))
     assert welch["verdict"] == "noise"
@@ -225,11 +230,17 @@ def test_held_out_success_is_also_compared_paired_over_seeds_and_tasks():
     md = markdown_table(s, TrainConfig(), [0, 1, 2, 3], 2, 4, 0.8, "yes")
     assert "**Held-out success after training, paired**" in md
     diff = f"{p['diff']:+.3f}"
-    assert f"| `grpo` − `grpo-shuffled` | {diff} |" in md and "(4 seeds)" in md and "(40 tasks) | separated |" in md
+    assert f"| `grpo` − `grpo-shuffled` | {diff} |" in md and "(4 seeds)" in md and "(40 tasks) | significant |" in md
     assert (f"- `grpo` vs `grpo-shuffled`, eval_success_after: {welch['diff']:+.3f} — not separated (noise) (Welch); "
-            "paired over seeds and tasks: separated") in md
+            "paired over seeds and tasks: significant (the headline interval)") in md
     back = json.loads(json.dumps(s, default=cmp._json_default))       # what compare.json holds
-    assert back["_paired"][0]["verdict"] == "separated"
+    assert back["_paired"][0]["verdict"] == "significant"
+    # the report's first line is the declared primary metric (by default held-out success on the test split)
+    assert md.splitlines()[0].startswith("**Primary metric: held-out success after training** (`eval_success_after`, "
+                                         "held-out split `test`, greedy per task)")
+    head = f"{p['headline'][1]:+.3f}, {p['headline'][2]:+.3f}]"
+    assert f"| `grpo` − `grpo-shuffled` | {diff} | [{head} | [" in md      # the headline leads the opening table
+    assert "| eval_success_after (primary) |" in md and "| final_reward (secondary) |" in md
 
 
 def test_paired_held_out_success_leaves_out_tasks_a_service_failure_left_unscored():
@@ -462,3 +473,46 @@ def test_a_killed_comparison_goes_on_from_the_run_checkpoint_and_matches_an_unin
             for key in ("rollout/reward_mean", "train/loss", "train/grad_norm"):
                 assert ha[key] == pytest.approx(hb[key], rel=1e-5, abs=1e-7), key
         assert ra["after"]["successes"] == rb["after"]["successes"]
+
+
+def test_the_primary_metric_is_declared_before_the_runs_and_cannot_change_after(tmp_path, capsys):
+    """--primary is recorded before the first run (compare_declared.json) and in every compare_run.json; the
+    report leads with it and marks every other metric secondary; --resume with another --primary is refused in
+    one line, --exploratory adds a metric labelled so; the report carries the provenance of the code that ran,
+    and a resume over runs made at different commits warns and says so in the report."""
+    out = tmp_path / "cmp"
+    args = ["compare", "--env", "Arithmetic-v0", "--algos", "reinforce,grpo", "--steps", "1", "--seeds", "2",
+            "--out", str(out)]
+    assert main([*args, "--primary", "final_reward", *TINY]) == 0
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent).stdout.strip()
+    assert json.loads((out / "compare_declared.json").read_text())["primary"] == "final_reward"
+    runs = sorted(out.glob("*/seed*/compare_run.json"))
+    assert len(runs) == 4 and {json.loads(r.read_text())["primary"] for r in runs} == {"final_reward"}
+    md = (out / "compare.md").read_text()
+    assert md.splitlines()[0].startswith("**Primary metric: training reward at the last step (sampled)** "
+                                         "(`final_reward`, training rollouts, sampled), declared ")
+    assert "| final_reward (primary) |" in md and "| eval_success_after (secondary) |" in md
+    assert "held-out (`test`) success before → after" in md
+    assert f"**Provenance**: report written at commit `{head[:12]}`" in md and ": 4 runs." in md
+    report = json.loads((out / "compare.json").read_text())
+    assert list(report)[:2] == ["primary", "provenance"] and report["primary"]["eval_split"] == "test"
+    assert {d["metric"] for d in report["primary"]["differences"]} == {"final_reward"}
+    assert report["provenance"]["code"]["commit"] == head and sum(map(len, report["provenance"]["runs"].values())) == 4
+    capsys.readouterr()
+
+    assert main([*args, "--resume", "--primary", "eval_success_after", *TINY]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "declared final_reward before it ran" in err
+    assert "--exploratory eval_success_after" in err
+
+    grpo1 = out / "grpo" / "seed1" / "provenance.json"
+    record = json.loads(grpo1.read_text())
+    grpo1.write_text(json.dumps({**record, "code": {**record["code"], "commit": "0" * 40, "dirty": False}}))
+    assert main([*args, "--resume", "--exploratory", "auc_reward", *TINY]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count(": reused") == 4 and "warning: the runs of this comparison ran at 2 different commits" in printed
+    md = (out / "compare.md").read_text()
+    assert "exploratory, chosen after the declaration: `auc_reward` (added after test results)" in md.splitlines()[0]
+    assert "| auc_reward (exploratory) |" in md
+    assert "`000000000000`: 1 run" in md and "**2 different commits**" in md

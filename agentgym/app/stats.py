@@ -31,7 +31,8 @@ import numpy as np
 
 __all__ = ["mean_ci", "diff_ci", "bootstrap_ci", "paired_bootstrap_ci", "t_quantile", "verdict",
            "undefined_reason", "format_ci", "without_undefined", "min_detectable_difference", "paired_diff_ci",
-           "paired_min_detectable"]
+           "paired_min_detectable", "pass_at_k",
+           "hierarchical_bootstrap_diff"]
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -196,3 +197,110 @@ def verdict(ci: tuple[float, float, float]) -> str:
     if undefined_reason(ci) is not None:
         return "n/a"
     return "significant" if lo > 0 or hi < 0 else "noise"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task from ``n`` samples of which ``c`` are correct (Chen et al. 2021,
+    "Evaluating Large Language Models Trained on Code", eq. 1): ``1 - C(n-c, k) / C(n, k)``, the chance
+    that ``k`` of the ``n`` samples, drawn without replacement, hold at least one correct one.
+
+    The ratio of binomial coefficients is computed as the product ``prod_{i<k} (n-c-i) / (n-i)``, whose
+    factors all lie in [0, 1]: no huge intermediate numbers, so it stays exact enough for any ``n``.
+    Averaged over tasks it estimates pass@k with less variance than drawing k samples once.
+    """
+    for name, v in (("n", n), ("c", c), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"pass_at_k: {name} must be an int, got {v!r}")
+    if n < 1 or not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs n >= 1, 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:  # every draw of k holds a correct sample
+        return 1.0
+    all_wrong = 1.0
+    for i in range(k):
+        all_wrong *= (n - c - i) / (n - i)
+    return 1.0 - all_wrong
+
+
+def _score_matrix(scores: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
+    """seeds × questions; a third axis (k samples per question) is averaged: the samples are nested in their
+    question, so resampling questions already carries their noise (resampling them again would count it
+    twice); one row of questions is a run scored once."""
+    m = np.asarray(scores, dtype=float)
+    if m.ndim == 3:
+        m = m.mean(axis=2)
+    if m.ndim == 1:
+        m = m[None, :]
+    if m.ndim != 2:
+        raise ValueError(f"scores must be seeds × questions (× samples), got shape {m.shape}")
+    return m
+
+
+def _cell_mean_square(m: np.ndarray) -> float:
+    """The residual mean square of a seeds × questions table (two-way ANOVA without replication): an
+    unbiased estimate of one cell's noise around its seed and question effects; 0 for one row."""
+    s, q = m.shape
+    if s < 2 or q < 2:
+        return 0.0
+    r = m - m.mean(axis=1, keepdims=True) - m.mean(axis=0, keepdims=True) + m.mean()
+    return float((r ** 2).sum() / ((s - 1) * (q - 1)))
+
+
+def hierarchical_bootstrap_diff(a: Sequence[Sequence[float]] | np.ndarray, b: Sequence[Sequence[float]] | np.ndarray,
+                                *, paired: bool | None = None, level: float = 0.95, n_boot: int = 4000,
+                                seed: int = 0) -> tuple[float, float, float]:
+    """(mean(a) − mean(b), low, high): the interval of a difference that holds over new seeds *and* new
+    questions, the headline of a comparison.
+
+    ``a``, ``b``: per-(seed, question) scores, seeds × questions (× k samples, averaged per question), on
+    the same questions (columns; a question unscored, NaN, in any row of either arm is left out). Seeds
+    are paired by row when ``paired`` (default: both arms have the same number of rows); otherwise each
+    arm's seeds are resampled on their own. ``b`` with one row is a baseline scored once (an SFT or RAG
+    model, no seeds): its question noise enters through the questions, its training noise is unknown and
+    not in the interval (the difference is to *that* model).
+
+    Seeds and questions are crossed (every seed answers every question), so one bootstrap draw resamples
+    the seeds and, shared by them, the questions. A plain crossed resample counts each cell's noise three
+    times (in the seed means, the question means and the cells; McCullagh 2000), so the question part is
+    shrunk and the seed part inflated by the two-way ANOVA moment estimates: the draws' variance is then
+    unbiased for σ²_seed/S + σ²_question/Q + σ²_cell/(S·Q). The interval is the estimate ± Student's t
+    (Satterthwaite degrees of freedom of the seed and question parts) × the draws' standard deviation,
+    not their percentiles: with 3-5 seeds a percentile interval is falsely narrow (84 % and 90 % coverage
+    of a nominal 95 % in tests/test_hierarchical_ci.py's simulation). NaN bounds when ``a`` has fewer
+    than two seeds (no training variance to estimate) or fewer than two questions remain.
+    """
+    x, y = _score_matrix(a), _score_matrix(b)
+    if x.shape[1] != y.shape[1]:
+        raise ValueError(f"both arms must score the same questions: {x.shape[1]} vs {y.shape[1]}")
+    keep = np.isfinite(x).all(axis=0) & np.isfinite(y).all(axis=0)
+    x, y = x[:, keep], y[:, keep]
+    paired = x.shape[0] == y.shape[0] if paired is None else paired
+    if paired and x.shape[0] != y.shape[0]:
+        raise ValueError(f"paired seeds need as many rows in both arms: {x.shape[0]} vs {y.shape[0]}")
+    q = x.shape[1]
+    diff = float(x.mean() - y.mean()) if q else math.nan
+    if q < 2 or x.shape[0] < 2:
+        return diff, math.nan, math.nan
+    if paired:
+        seed_parts, cols, cell = [(x - y).mean(axis=1)], (x - y).mean(axis=0), _cell_mean_square(x - y) / x.shape[0]
+    else:
+        seed_parts = [sign * m.mean(axis=1) for m, sign in ((x, 1.0), (y, -1.0)) if m.shape[0] > 1]
+        cols = x.mean(axis=0) - y.mean(axis=0)
+        cell = sum(_cell_mean_square(m) / m.shape[0] for m in (x, y) if m.shape[0] > 1)
+    rng = np.random.default_rng(seed)
+    draws = np.full(n_boot, diff)
+    parts: list[tuple[float, int]] = []     # (variance of the part, its degrees of freedom)
+    for r in seed_parts:
+        s = r.size
+        draws += (r[rng.integers(0, s, (n_boot, s))].mean(axis=1) - r.mean()) * math.sqrt(s / (s - 1))
+        parts.append((float(r.var(ddof=1)) / s, s - 1))
+    spread = float(cols.var(ddof=1))
+    question_var = max(0.0, spread - cell)   # the question part without the cell noise the seed part holds
+    shrink = math.sqrt(question_var / (spread * (q - 1) / q)) if spread > 0 else 0.0
+    draws += (cols[rng.integers(0, q, (n_boot, q))].mean(axis=1) - cols.mean()) * shrink
+    parts.append((question_var / q, q - 1))
+    total = sum(v for v, _ in parts)
+    if total <= 0:
+        return diff, diff, diff              # every seed and question agreed: no interval (undefined_reason)
+    df = total ** 2 / sum(v ** 2 / k for v, k in parts if v > 0)
+    half = t_quantile(0.5 + level / 2, df) * float(draws.std(ddof=1))
+    return diff, diff - half, diff + half
