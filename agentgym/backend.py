@@ -21,6 +21,8 @@ never on a backend's name or on whether an attribute happens to exist:
   to copy).
 * ``follows_run_precision`` — it generates under the run's autocast (it takes ``precision=``).
 * ``engine_bf16_with_run`` — as a separate engine it runs in bf16 when the run's precision is bf16.
+* ``reports_progress`` — ``generate`` takes ``on_progress=fn`` and calls ``fn(sequences_done, tokens)``
+  after every decode step (live progress bars).
 * ``needs_context`` — ``generate`` takes ``contexts=`` (turn, messages, privileged task), as a
   scripted policy does; ``wants_context`` is the same flag under the name the engine has always read.
 
@@ -52,6 +54,7 @@ class Backend:
     follows_run_precision: bool = False
     engine_bf16_with_run: bool = False
     needs_context: bool = False
+    reports_progress: bool = False
 
     @property
     def wants_context(self) -> bool:
@@ -128,6 +131,7 @@ class ProtocolBackend(Backend):
         self.tokenizer = getattr(inner, "tokenizer", None)
         self.token_level = callable(getattr(inner, "generate", None)) and self.tokenizer is not None
         self.needs_context = bool(getattr(inner, "wants_context", False))
+        self.reports_progress = bool(getattr(inner, "reports_progress", False))
         self.supports_weight_sync = callable(getattr(inner, "sync_weights", None))
         self.separate_engine = bool(getattr(inner, "separate_engine", False))
         self.answers_chat = callable(getattr(inner, "respond", None))

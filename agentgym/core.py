@@ -51,22 +51,6 @@ def _copy_messages(messages: Sequence[Message]) -> list[Message]:
     return [{k: v if isinstance(v, str) else copy.deepcopy(v) for k, v in m.items()} for m in messages]
 
 
-class _ConstructorSignature:
-    """``inspect.signature(EnvClass)``: the class's own ``__init__`` parameters, and ``group_reward``
-    where a ``**kwargs`` carries it to :meth:`AgentEnv.__init__` (introspection only: nothing is
-    wrapped, the constructor is the subclass's own)."""
-
-    def __get__(self, obj: Any, cls: type) -> inspect.Signature | None:
-        if obj is not None:
-            return None  # an instance: inspect falls back to its usual rules
-        params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # drop self
-        names = {p.name for p in params}
-        at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), None)
-        if "group_reward" not in names and at is not None:
-            params.insert(at, inspect.Parameter("group_reward", inspect.Parameter.KEYWORD_ONLY, default=None))
-        return inspect.Signature(params)
-
-
 class AgentEnv(gym.Env[list, str]):
     """Base class for text environments (see ``docs/architecture.md``: Environment contract).
 
@@ -81,23 +65,37 @@ class AgentEnv(gym.Env[list, str]):
     ``info["privileged"]`` — at reset it holds the task, for oracles and evaluation; a policy must
     not read it.
 
-    Attributes a rollout engine reads: ``stop_strings`` (generation may stop after these),
-    ``observation_style`` (``"chat"`` or ``"continuation"``), :meth:`tool_specs`, ``group_reward``
-    (a :class:`~agentgym.rewards.GroupReward` the engine applies to each finished group with
-    :func:`~agentgym.rewards.apply_group_reward`; None = none). ``group_reward=`` is a plain keyword
-    of :meth:`__init__`: a subclass either forwards ``**kwargs`` to ``super().__init__`` or names it
-    and passes it on (every built-in env does), so ``agentgym.make(id, group_reward=...)`` works.
-    The env itself never uses it — a group term is computed from finished episodes, by the engine.
+    **The env–engine contract.** What an env may ask of the rollout engine is declared here, and the
+    engine (:mod:`agentgym.rollout`) reads nothing else, through the wrapper stack
+    (``env.get_wrapper_attr``), so a wrapper can change any of it:
+
+    * ``stop_strings``: generation stops after the first of these (merged with the run's own).
+    * ``cut_after``: strings in priority order; the first one present anywhere in a reply cuts it just
+      after its first occurrence (Search-R1: the first ``</search>``, else the first ``</answer>``).
+    * ``observation_style``: ``"chat"`` (each env message a chat turn) or ``"continuation"`` (env text
+      appended raw inside the running sequence, the Search-R1 style).
+    * :meth:`tool_specs`: the tools a chat template renders, read after every reset (tools may differ
+      per task).
+    * ``max_turns``: the turn limit (``truncated`` after it); the engine's context budget ends an episode
+      earlier when the next turn would not fit.
+    * ``group_reward``: a :class:`~agentgym.rewards.GroupReward` the engine applies to each finished
+      group with :func:`~agentgym.rewards.apply_group_reward` (None = none). ``group_reward=`` is a
+      keyword of :meth:`__init__`: a subclass either forwards ``**kwargs`` to ``super().__init__`` or
+      names it and passes it on; the env itself never uses it.
+    * ``num_tasks``: how many task indices exist (``None``: unbounded), for drawing tasks.
+
+    Constructor arguments are checked before an env is built (:func:`agentgym.registry.check_env_kwargs`)
+    against :meth:`constructor_parameters`: the class's own and, through ``**kwargs``, its bases'.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
     stop_strings: tuple[str, ...] = ()
+    cut_after: tuple[str, ...] = ()
     observation_style: str = "chat"
     group_reward: Any = None
     num_tasks: int | None = None
     #: action types counted as tool calls in the episode summary
     tool_action_types: tuple[str, ...] = ("search", "tool_call", "code")
-    __signature__ = _ConstructorSignature()
 
     def __init__(self, *, reward: Reward | Mapping[str, float] | str | None = None, max_turns: int = 8,
                  max_action_chars: int = 16_384, render_mode: str | None = None, group_reward: Any = None):
@@ -123,6 +121,26 @@ class AgentEnv(gym.Env[list, str]):
         self._term_totals: dict[str, float] = {}
         self._return = 0.0
         self._done = True
+
+    @classmethod
+    def constructor_parameters(cls) -> dict[str, inspect.Parameter]:
+        """Every keyword the constructor accepts: this class's ``__init__`` parameters and, where one
+        passes ``**kwargs`` on, those of the next ``__init__`` up the class hierarchy (ending at
+        :meth:`AgentEnv.__init__`, which takes no ``**kwargs``)."""
+        out: dict[str, inspect.Parameter] = {}
+        for klass in cls.__mro__:
+            if "__init__" not in vars(klass):
+                continue
+            params = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]   # drop self
+            var_kw = None
+            for p in params:
+                if p.kind is p.VAR_KEYWORD:
+                    var_kw = p
+                elif p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                    out.setdefault(p.name, p)
+            if var_kw is None or klass is AgentEnv:
+                return out
+        return out
 
     # ------------------------------------------------------------------ subclass API
     def get_task(self, index: int) -> dict[str, Any]:

@@ -14,13 +14,13 @@ import numbers
 import os
 import types
 import typing
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 import numpy as np
 
 __all__ = ["NAMESPACE", "register", "make", "list_envs", "spec", "full_id", "check_env_kwargs",
-           "check_run_env_kwargs"]
+           "check_run_env_kwargs", "entry_point_parameters"]
 
 NAMESPACE = "agentgym"
 _REGISTER_OPTIONS = {"reward_threshold", "nondeterministic", "max_episode_steps", "order_enforce",
@@ -85,7 +85,7 @@ def check_env_kwargs(id: str, kwargs: dict[str, Any]) -> None:
     fid = full_id(id)
     try:
         creator = gym.envs.registration.load_env_creator(gym.spec(fid).entry_point)
-        params = inspect.signature(creator).parameters
+        params = entry_point_parameters(creator)
     except Exception:  # an entry point we cannot inspect: Gymnasium reports what it finds
         return
     name = fid.split("/", 1)[-1]
@@ -96,14 +96,35 @@ def check_env_kwargs(id: str, kwargs: dict[str, Any]) -> None:
                 close = difflib.get_close_matches(key, known, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else f"; it takes: {', '.join(known)}"
                 raise TypeError(f"{name}: no argument {key!r}{hint}")
-    try:
-        init = creator.__init__ if isinstance(creator, type) else creator
-        hints = typing.get_type_hints(init)
-    except Exception:
-        return
+    hints = _type_hints(creator)
     for key, value in kwargs.items():
         if key in hints and not _fits(value, hints[key]):
             raise TypeError(f"{name}: {key} must be {_describe(hints[key])}, got {value!r}"[:300])
+
+
+def entry_point_parameters(creator: Any) -> Mapping[str, inspect.Parameter]:
+    """The keywords an entry point takes: an :class:`~agentgym.core.AgentEnv` declares them, through its
+    bases' ``**kwargs`` (:meth:`~agentgym.core.AgentEnv.constructor_parameters`); any other callable has
+    its signature."""
+    from agentgym.core import AgentEnv
+    if isinstance(creator, type) and issubclass(creator, AgentEnv):
+        return creator.constructor_parameters()
+    return inspect.signature(creator).parameters
+
+
+def _type_hints(creator: Any) -> dict[str, Any]:
+    """Annotations of the constructor chain (the most derived class's win); hints that do not resolve
+    are left out (the check is lenient about what it cannot read)."""
+    inits = ([vars(k)["__init__"] for k in reversed(creator.__mro__) if "__init__" in vars(k)]
+             if isinstance(creator, type) else [creator])
+    hints: dict[str, Any] = {}
+    for init in inits:
+        try:
+            hints.update(typing.get_type_hints(init))
+        except Exception:
+            continue
+    hints.pop("return", None)
+    return hints
 
 
 def check_run_env_kwargs(id: str, env_kwargs: Any, eval_env_kwargs: Any = None) -> None:

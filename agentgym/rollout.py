@@ -14,9 +14,10 @@ Two schedules produce the same trajectories (``RolloutConfig.mode``):
 Two policy paths (:class:`TokenTurns`, :class:`ChatTurns`): token-level policies (``generate`` on
 token ids, with a tokenizer) yield token-faithful trajectories; chat-level policies (``respond`` on
 messages, e.g. an OpenAI-compatible endpoint) yield messages and rewards only. Groups repeat one
-task ``group_size`` times (GRPO). Env settings (``stop_strings``, ``observation_style``,
-``tool_specs``, ``num_tasks``) are read through the wrapper stack (``env.get_wrapper_attr``), so a
-wrapper can change them.
+task ``group_size`` times (GRPO). The engine reads only what :class:`~agentgym.core.AgentEnv` declares
+for it (``stop_strings``, ``cut_after``, ``observation_style``, ``tool_specs()`` after each reset,
+``group_reward``, ``num_tasks``), through the wrapper stack (``env.get_wrapper_attr``), so a wrapper can
+change them. Progress is reported as one :class:`RolloutProgress` to ``progress(p)``.
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ from agentgym.rollout_config import ROLLOUT_ALIASES, ROLLOUT_MODES, RolloutConfi
 from agentgym.rollout_metrics import episode_values, summarize, summarize_std
 from agentgym.threads import recheck as recheck_threads
 from agentgym.trajectory import Trajectory
-from agentgym.turns import ChatTurns, TokenTurns, _accepts, _cut_after, _env_tools, _Episode, env_attr
+from agentgym.turns import ChatTurns, TokenTurns, _Episode, apply_cut_after, env_attr, reset_with_tools
 
 # RolloutConfig (rollout_config.py), the turns (turns.py) and the metrics (rollout_metrics.py) are
 # importable from here too: this is the module users know the engine by.
-__all__ = ["RolloutConfig", "RolloutViews", "ROLLOUT_ALIASES", "ROLLOUT_MODES", "RolloutBatch", "RolloutEngine",
+__all__ = ["RolloutProgress", "RolloutConfig", "RolloutViews", "ROLLOUT_ALIASES", "ROLLOUT_MODES", "RolloutBatch", "RolloutEngine",
            "TokenTurns", "ChatTurns", "env_attr", "summarize", "summarize_std", "episode_values"]
 
 
@@ -59,20 +60,21 @@ def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, floa
     return out, time.perf_counter() - t0
 
 
-def _progress_reporter(progress: Callable[..., None] | None) -> Callable[..., None] | None:
-    """``progress(finished, total)``; with ``tokens=generated`` when the callback accepts a ``tokens``
-    keyword, and ``generating=(sequences_done, sequences)`` of the generate call in flight (after every
-    decode step, where the backend reports it) when it accepts ``generating``."""
-    if progress is None:
-        return None
-    tokens, generating = _accepts(progress, "tokens"), _accepts(progress, "generating")
+@dataclass(frozen=True)
+class RolloutProgress:
+    """What ``collect(..., progress=fn)`` passes to ``fn`` as episodes end and turns are generated.
 
-    def report(finished: int, total: int, n_tokens: int, live: tuple[int, int] | None = None) -> None:
-        extra: dict[str, Any] = {"tokens": n_tokens} if tokens else {}
-        if generating:
-            extra["generating"] = live
-        progress(finished, total, **extra)
-    return report
+    Attributes:
+        finished: episodes ended so far in this ``collect`` call.
+        total: episodes the call runs.
+        tokens: tokens generated so far in this call.
+        generating: ``(sequences_done, sequences)`` of the ``generate`` call in flight, after every decode
+            step where the backend reports it (``Backend.reports_progress``); ``None`` between calls.
+    """
+    finished: int
+    total: int
+    tokens: int = 0
+    generating: tuple[int, int] | None = None
 
 
 class _Run:
@@ -81,14 +83,14 @@ class _Run:
     engine's thread (env calls run in workers; their results are handed in)."""
 
     def __init__(self, turns: TokenTurns | ChatTurns, episodes: list[_Episode], env_name: str | None,
-                 progress: Callable[..., None] | None):
+                 progress: Callable[[RolloutProgress], None] | None):
         self.turns, self.episodes, self.env_name = turns, episodes, env_name
         self.timing: dict[str, float] = defaultdict(float)
         self.finished = 0
         self.tokens = 0
         self.batch_sizes: list[int] = []
         self.last_generate_s: float | None = None
-        self._progress = _progress_reporter(progress)
+        self._progress = progress
         self._reported = (0, 0)
 
     def generate(self, eps: Sequence[_Episode]) -> list[Generation]:
@@ -96,10 +98,10 @@ class _Run:
         live = None
         if self._progress is not None:   # per decode step, where the backend can tell (hf): bars move
             def live(done: int, tokens: int, n: int = len(eps)) -> None:
-                self._progress(self.finished, len(self.episodes), self.tokens + tokens, (done, n))
+                self._progress(RolloutProgress(self.finished, len(self.episodes), self.tokens + tokens, (done, n)))
         gens = self.turns.generate(eps, live)
-        if getattr(self.turns, "cut_after", ()):
-            gens = [_cut_after(g, self.turns.cut_after, tokenizer_of(self.turns.policy)) for g in gens]
+        if self.turns.cut_after:
+            gens = [apply_cut_after(g, self.turns.cut_after, tokenizer_of(self.turns.policy)) for g in gens]
         self.last_generate_s = time.perf_counter() - t0
         self.timing["generate_s"] += self.last_generate_s
         if len(gens) != len(eps):
@@ -110,12 +112,12 @@ class _Run:
 
     def started(self, ep: _Episode, result: tuple[Any, float]) -> bool:
         """The reset returned; True if the episode now waits for its first turn."""
-        (obs, info), seconds = result
+        (obs, info, tools), seconds = result
         self.timing["env_calls_s"] += seconds
         t0 = time.perf_counter()
         ep.task = info.get("privileged", {}).get("task", ep.options.get("task", {}))
         ep.task_index = info.get("task_index")
-        self.turns.start(ep, obs)
+        self.turns.start(ep, obs, tools)
         self.timing["format_s"] += time.perf_counter() - t0
         return self._next_turn_fits(ep)
 
@@ -156,7 +158,7 @@ class _Run:
         state = (self.finished, self.tokens)
         if self._progress is not None and state != self._reported:
             self._reported = state
-            self._progress(self.finished, len(self.episodes), self.tokens)
+            self._progress(RolloutProgress(self.finished, len(self.episodes), self.tokens))
 
 
 # ============================================================================ the engine
@@ -215,25 +217,28 @@ class RolloutEngine:
         through its wrappers) merged into the configured sampling."""
         stop = tuple(dict.fromkeys(tuple(self.config.sampling.stop) + tuple(env_attr(env, "stop_strings", ()) or ())))
         sampling = self.config.sampling.replace(stop=stop)
-        tools = _env_tools(env)
-        turns = (TokenTurns(self.policy, self.config, sampling, self.formatter_for(env), tools) if self.token_level
-                 else ChatTurns(self.policy, sampling, tools))
         # an env's ordered cut rule (SearchQA under Search-R1: first </search> anywhere, else first </answer>)
-        turns.cut_after = tuple(env_attr(env, "cut_after", ()) or ())
-        return turns
+        cut = tuple(env_attr(env, "cut_after", ()) or ())
+        return (TokenTurns(self.policy, self.config, sampling, self.formatter_for(env), cut) if self.token_level
+                else ChatTurns(self.policy, sampling, cut))
+
+    def num_tasks(self, env: str | Callable[[], gym.Env], env_kwargs: Mapping[str, Any] | None = None) -> int | None:
+        """How many tasks ``env`` has (its ``num_tasks``, through the wrappers); None = procedurally unbounded.
+        For a caller that draws ``task_indices`` itself (the trainer's difficulty filtering)."""
+        return env_attr(self._get_envs(env, 1, dict(env_kwargs or {}))[0], "num_tasks")
 
     # ------------------------------------------------------------------ collection
     def collect(self, env: str | Callable[[], gym.Env], *, num_groups: int = 1, group_size: int = 1,
                 task_indices: Sequence[int] | None = None, tasks: Sequence[Mapping[str, Any]] | None = None,
                 seed: int = 0, env_kwargs: Mapping[str, Any] | None = None,
-                progress: Callable[..., None] | None = None) -> RolloutBatch:
+                progress: Callable[[RolloutProgress], None] | None = None) -> RolloutBatch:
         """Run ``num_groups × group_size`` episodes (each group shares one task).
 
         Tasks: ``tasks`` (explicit task dicts), else ``task_indices``, else indices drawn from
         ``seed``; reset seeds are drawn from ``seed`` too, in episode order, so both modes reset
-        every episode the same way. ``progress(finished, total)`` is called as episodes end and
-        turns are generated; a callback that accepts a ``tokens`` keyword also gets the number of
-        tokens generated so far. Trajectories come back in episode order (group by group).
+        every episode the same way. ``progress(p)`` gets a :class:`RolloutProgress` (episodes finished
+        and total, tokens generated, the generate call in flight) as episodes end and turns are
+        generated. Trajectories come back in episode order (group by group).
 
         Metrics: :func:`summarize`, plus ``time/generate_s`` (inside ``generate``), ``time/env_s``
         (the engine waiting for env calls with nothing to generate), ``time/format_s``,
@@ -301,7 +306,7 @@ class RolloutEngine:
             for ep, env in zip(run.episodes[start:start + len(envs)], envs):
                 ep.env = env
                 t0 = time.perf_counter()
-                result = _timed(env.reset, seed=ep.seed, options=ep.options)
+                result = _timed(reset_with_tools, env, ep.seed, ep.options)
                 run.timing["env_s"] += time.perf_counter() - t0
                 if run.started(ep, result):
                     active.append(ep)
@@ -341,7 +346,7 @@ class RolloutEngine:
                 while waiting and free:
                     ep = waiting.popleft()
                     ep.env = free.pop(0)
-                    future = self._pool.submit(_timed, ep.env.reset, seed=ep.seed, options=ep.options)
+                    future = self._pool.submit(_timed, reset_with_tools, ep.env, ep.seed, ep.options)
                     in_flight[future] = (ep, None, time.perf_counter())
 
                 for future in [f for f in in_flight if f.done()]:

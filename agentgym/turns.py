@@ -3,13 +3,15 @@
 :class:`TokenTurns`: a token-level policy (``generate`` on token ids, with a tokenizer) gives
 token-faithful trajectories (the formatter appends, the sampled ids are kept as sampled).
 :class:`ChatTurns`: a chat-level policy (``respond`` on messages, e.g. an OpenAI-compatible
-endpoint) gives messages and rewards only. Env settings (``stop_strings``, ``tool_specs``, …) are
-read through the wrapper stack with :func:`env_attr`, so a wrapper can change them.
+endpoint) gives messages and rewards only. What the engine reads of an env is declared on
+:class:`~agentgym.core.AgentEnv` (``stop_strings``, ``cut_after``, ``observation_style``, ``tool_specs()``,
+``group_reward``, ``num_tasks``), read through the wrapper stack with :func:`env_attr`, so a wrapper can
+change them; ``tool_specs()`` is read after every reset, so an env whose tools differ per task (BFCL) is
+rendered with each task's own tools.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import gymnasium as gym
@@ -22,7 +24,7 @@ from agentgym.trajectory import Trajectory, TrajectoryBuilder, check_trajectory
 if TYPE_CHECKING:
     from agentgym.rollout_config import RolloutConfig
 
-__all__ = ["ChatTurns", "TokenTurns", "env_attr"]
+__all__ = ["ChatTurns", "TokenTurns", "env_attr", "env_tools", "reset_with_tools", "apply_cut_after"]
 
 
 # ============================================================================ env settings
@@ -36,9 +38,18 @@ def env_attr(env: gym.Env, name: str, default: Any = None) -> Any:
         return default
 
 
-def _env_tools(env: gym.Env) -> list[dict[str, Any]] | None:
+def env_tools(env: gym.Env) -> list[dict[str, Any]] | None:
+    """The env's tool specs for this episode (:meth:`AgentEnv.tool_specs`, read after each reset);
+    ``None`` when it declares none (a plain ``gymnasium.Env``)."""
     tool_specs = env_attr(env, "tool_specs")
     return tool_specs() if callable(tool_specs) else None
+
+
+def reset_with_tools(env: gym.Env, seed: int, options: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """``env.reset`` and the tool specs of the episode it started, in one call (a worker thread runs it,
+    so a remote env's two calls happen off the engine's thread)."""
+    obs, info = env.reset(seed=seed, options=options)
+    return obs, info, env_tools(env)
 
 
 # ============================================================================ episodes and the two policy paths
@@ -58,6 +69,7 @@ class _Episode:
         self.builder: TrajectoryBuilder | None = None                # token path
         self.reward_log: list[tuple[float, dict[str, float]]] = []   # chat path
         self.finish_reasons: list[str] = []                          # chat path
+        self.tools: list[dict[str, Any]] | None = None               # this episode's tool specs
 
 
 class TokenTurns:
@@ -69,14 +81,16 @@ class TokenTurns:
     """
 
     def __init__(self, policy: Any, config: RolloutConfig, sampling: SamplingParams, formatter: Formatter,
-                 tools: list[dict[str, Any]] | None):
-        self.policy, self.config, self.sampling, self.formatter, self.tools = policy, config, sampling, formatter, tools
-        self.wants_context = as_backend(policy).needs_context
-        self.live_progress = _accepts(policy.generate, "on_progress")
+                 cut_after: Sequence[str] = ()):
+        self.policy, self.config, self.sampling, self.formatter = policy, config, sampling, formatter
+        self.cut_after = tuple(cut_after)
+        backend = as_backend(policy)
+        self.wants_context, self.live_progress = backend.needs_context, backend.reports_progress
 
-    def start(self, ep: _Episode, obs: list[dict[str, str]]) -> None:
+    def start(self, ep: _Episode, obs: list[dict[str, str]], tools: list[dict[str, Any]] | None) -> None:
         # the task prompt is never cut (max_context_tokens bounds it); only step observations are
-        ep.builder = TrajectoryBuilder(self.formatter.prompt_ids(obs, self.tools), obs)
+        ep.tools = tools
+        ep.builder = TrajectoryBuilder(self.formatter.prompt_ids(obs, tools), obs)
         ep.messages = [dict(m) for m in obs]
 
     def fits(self, ep: _Episode) -> bool:
@@ -100,7 +114,7 @@ class TokenTurns:
 
     def add_observation(self, ep: _Episode, gen: Generation, obs: list[dict[str, str]]) -> None:
         obs, _ = self.formatter.truncate(obs)
-        ep.builder.add_env(self.formatter.observation_ids(gen.token_ids, obs, self.tools, history=ep.builder), obs)
+        ep.builder.add_env(self.formatter.observation_ids(gen.token_ids, obs, ep.tools, history=ep.builder), obs)
         ep.messages.extend(dict(m) for m in obs)
 
     def build(self, ep: _Episode, summary: dict[str, Any], terminated: bool, truncated: bool,
@@ -120,17 +134,29 @@ class ChatTurns:
     """The chat-level path: a policy with ``respond(conversations, sampling, tools=...)`` (e.g. a
     hosted model). Trajectories hold messages, actions and rewards but no token data."""
 
-    def __init__(self, policy: Any, sampling: SamplingParams, tools: list[dict[str, Any]] | None):
-        self.policy, self.sampling, self.tools = policy, sampling, tools
+    def __init__(self, policy: Any, sampling: SamplingParams, cut_after: Sequence[str] = ()):
+        self.policy, self.sampling, self.cut_after = policy, sampling, tuple(cut_after)
 
-    def start(self, ep: _Episode, obs: list[dict[str, str]]) -> None:
+    def start(self, ep: _Episode, obs: list[dict[str, str]], tools: list[dict[str, Any]] | None) -> None:
+        ep.tools = tools
         ep.messages = [dict(m) for m in obs]
 
     def fits(self, ep: _Episode) -> bool:
         return True  # the endpoint enforces its own context window
 
     def generate(self, eps: Sequence[_Episode], on_progress: Callable[[int, int], None] | None = None) -> list[Generation]:
-        return self.policy.respond([list(ep.messages) for ep in eps], self.sampling, tools=self.tools)
+        # one call per distinct tool set (an env's tools may differ per task), answers back in episode order
+        out: list[Generation | None] = [None] * len(eps)
+        by_tools: dict[str, list[int]] = {}
+        for i, ep in enumerate(eps):
+            by_tools.setdefault(repr(ep.tools), []).append(i)
+        for rows in by_tools.values():
+            gens = self.policy.respond([list(eps[i].messages) for i in rows], self.sampling, tools=eps[rows[0]].tools)
+            if len(gens) != len(rows):
+                raise RuntimeError(f"the policy returned {len(gens)} answers for {len(rows)} conversations")
+            for i, g in zip(rows, gens):
+                out[i] = g
+        return out
 
     def add_turn(self, ep: _Episode, gen: Generation, reward: float, info: Mapping[str, Any]) -> None:
         ep.turn += 1
@@ -152,7 +178,7 @@ class ChatTurns:
         pass  # no token data to check
 
 
-def _cut_after(gen: Generation, order: Sequence[str], tokenizer: Any) -> Generation:
+def apply_cut_after(gen: Generation, order: Sequence[str], tokenizer: Any) -> Generation:
     """Issue 26: an env's ``cut_after`` strings, in priority order: the first one present anywhere in the
     reply cuts it just after its first occurrence (tokens as sampled, up to the one completing it)."""
     for s in order:
@@ -169,12 +195,3 @@ def _cut_after(gen: Generation, order: Sequence[str], tokenizer: Any) -> Generat
         return Generation(ids, list(gen.logprobs[:end]), decode(ids), "stop", dict(gen.meta))
     return gen
 
-
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    """Whether ``fn`` takes a keyword ``name`` (or ``**kwargs``): optional extras reach only callees that
-    declared them, so existing callbacks and user policies keep working unchanged."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

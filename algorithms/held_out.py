@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout import RolloutConfig, RolloutEngine, RolloutProgress
 from agentgym.rollout_metrics import task_groups, task_success
 
 from agentgym.algorithms.config import TrainConfig
@@ -30,7 +30,7 @@ def eval_rollout_config(cfg: TrainConfig) -> RolloutConfig:
 
 
 def held_out_eval(engine: RolloutEngine, cfg: TrainConfig,
-                  progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, float], list[Any]]:
+                  progress: Callable[[RolloutProgress], None] | None = None) -> tuple[dict[str, float], list[Any]]:
     """The eval of every run: the same held-out tasks (``eval.first_task`` on, the eval split), so runs
     and algorithms (including ones trained outside :class:`Trainer`) are compared on equal terms.
     ``engine`` runs :func:`eval_rollout_config`; with ``eval.samples`` = k >= 1 every task gets k
@@ -58,7 +58,7 @@ def task_successes(cfg: TrainConfig, trajectories: Sequence[Any]) -> list[float]
 
 
 def scored_eval(engine: RolloutEngine, cfg: TrainConfig,
-                progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, Any], list[Any]]:
+                progress: Callable[[RolloutProgress], None] | None = None) -> tuple[dict[str, Any], list[Any]]:
     """:func:`held_out_eval` plus ``successes``, each task's success (:func:`task_successes`), which the
     paired CIs over tasks read: the record every run keeps of an eval."""
     metrics, trajectories = held_out_eval(engine, cfg, progress=progress)

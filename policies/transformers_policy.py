@@ -99,6 +99,7 @@ class TransformersPolicy(TokenBackend):
     supports_weight_sync = True
     trains_in_place = True
     follows_run_precision = True
+    reports_progress = True
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, name: str | None = None,
                  reuse_kv: bool = True, kv_cache_tokens: int = 32768, precision: str = "fp32"):

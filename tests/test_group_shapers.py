@@ -12,6 +12,7 @@ import gymnasium as gym
 import pytest
 
 import agentgym
+from agentgym.registry import check_env_kwargs
 import agentgym.rollout
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.rewards import (AnswerDiversity, GroupMember, GroupReward, GroupShaper, SharedWrongAnswer,
@@ -200,8 +201,10 @@ def test_every_env_class_takes_group_reward():
     class WithDefault(ArithmeticEnv):
         group_reward = GroupReward([first_bonus])  # a class default, kept when none is given
 
-    assert "group_reward" in inspect.signature(ArithmeticEnv).parameters
-    assert list(inspect.signature(Mine).parameters) == ["level", "group_reward", "kwargs"]
+    assert "group_reward" in ArithmeticEnv.constructor_parameters()
+    assert {"level", "split", "group_reward", "max_turns"} <= set(Mine.constructor_parameters())   # through **kwargs
+    with pytest.raises(TypeError, match="did you mean 'group_reward'"):
+        check_env_kwargs("Arithmetic-v0", {"group_rewrd": README_GROUP_REWARD})
     env = Mine(level=2, group_reward=README_GROUP_REWARD, split="test")
     assert (env.level, env.split, env.group_reward) == (2, "test", README_GROUP_REWARD)
     assert Mine().group_reward is None and ArithmeticEnv().group_reward is None

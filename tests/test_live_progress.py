@@ -49,13 +49,10 @@ def test_eval_progress_callbacks_see_the_call_in_flight():
     engine = RolloutEngine(policy, RolloutConfig(sampling=SamplingParams(max_new_tokens=4, greedy=True)))
     try:
         engine.collect("Arithmetic-v0", num_groups=3, group_size=1, seed=0,
-                       progress=lambda done, total, tokens=0, generating=None: seen.append((done, tokens, generating)))
-        old_style: list[tuple[int, int]] = []
-        engine.collect("Arithmetic-v0", num_groups=3, group_size=1, seed=0,
-                       progress=lambda done, total: old_style.append((done, total)))
+                       progress=lambda p: seen.append((p.finished, p.tokens, p.generating)))
     finally:
         engine.close()
     live = [g for _, _, g in seen if g is not None]
     assert live and all(n == 3 for _, n in live)               # per decode step, for the 3 sequences
-    assert seen[-1][0] == 3 and old_style[-1] == (3, 3)         # episodes; old two-argument callbacks still work
+    assert seen[-1][0] == 3                                     # episodes
     assert torch.get_num_threads() == 1

@@ -289,20 +289,16 @@ def test_chat_level_policy_in_both_modes():
 
 
 def test_progress_reports_episodes_and_tokens(tok):
-    seen_old: list[tuple[int, int]] = []
-    seen_new: list[tuple[int, int, int]] = []
+    seen: list[tuple[int, int, int]] = []
     engine = RolloutEngine(ScriptedPolicy(tok, SlowToolEnv.oracle), RolloutConfig())
     try:
         batch = engine.collect(SLOW, task_indices=range(3), env_kwargs={"delay_s": 0.0},
-                               progress=lambda finished, total: seen_old.append((finished, total)))
-        engine.collect(SLOW, task_indices=range(3), env_kwargs={"delay_s": 0.0},
-                       progress=lambda finished, total, tokens=0: seen_new.append((finished, total, tokens)))
+                               progress=lambda p: seen.append((p.finished, p.total, p.tokens)))
     finally:
         engine.close()
-    assert seen_old[-1] == (3, 3) and all(total == 3 for _, total in seen_old)
-    assert [f for f, _ in seen_old] == sorted(f for f, _ in seen_old)
-    assert seen_new[-1] == (3, 3, batch.metrics["generated_tokens"])
-    tokens = [n for _, _, n in seen_new]
+    assert seen[-1] == (3, 3, batch.metrics["generated_tokens"]) and all(total == 3 for _, total, _ in seen)
+    assert [f for f, _, _ in seen] == sorted(f for f, _, _ in seen)
+    tokens = [n for _, _, n in seen]
     assert tokens == sorted(tokens) and tokens[0] > 0  # reported after each generate call, growing
 
 

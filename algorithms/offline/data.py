@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from agentgym.policy import SamplingParams
-from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutEngine, RolloutViews
+from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutEngine, RolloutProgress, RolloutViews
 from agentgym.trajectory import Trajectory, check_trajectory
 
 __all__ = ["CollectConfig", "OFFLINE_ROLLOUT_ALIASES", "offline_rollout", "source_policy", "collect_trajectories", "load_trajectories",
@@ -118,9 +118,9 @@ def collect_trajectories(policy: Any, env_id: str, env_kwargs: Mapping[str, Any]
                 indices = [data.first_task + start + i for i in range(min(tasks_per_call, data.episodes - start))]
                 done_before = len(out)
 
-                def turn(finished: int, total: int, tokens: int = 0) -> None:   # live, every turn
-                    bar.update(done_before + finished - bar.n)
-                    bar.set_postfix_str(f"{tokens} tokens in this batch")
+                def turn(p: RolloutProgress) -> None:   # live, every turn
+                    bar.update(done_before + p.finished - bar.n)
+                    bar.set_postfix_str(f"{p.tokens} tokens in this batch")
                 batch = engine.collect(env_id, task_indices=indices, group_size=data.samples_per_task,
                                        seed=data.seed + start, env_kwargs=dict(env_kwargs), progress=turn)
                 out.extend(batch.trajectories)

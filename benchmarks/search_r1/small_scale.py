@@ -168,10 +168,10 @@ def evaluate(policy: Any, cfg: Any, indices: list[int], retrieval: str, label: s
     t0 = time.perf_counter()
     reported = [0]
 
-    def progress(done: int, total: int, tokens: int = 0) -> None:
-        if done >= reported[0] + max(1, total // 3) or (done == total and reported[0] < total):
-            reported[0] = done
-            log(f"  [{label}] {done}/{total} episodes, {time.perf_counter() - t0:.0f} s")
+    def progress(p: Any) -> None:   # an agentgym.rollout.RolloutProgress
+        if p.finished >= reported[0] + max(1, p.total // 3) or (p.finished == p.total and reported[0] < p.total):
+            reported[0] = p.finished
+            log(f"  [{label}] {p.finished}/{p.total} episodes, {time.perf_counter() - t0:.0f} s")
 
     try:
         batch = engine.collect(cfg.env, task_indices=indices, seed=cfg.seed, env_kwargs=kwargs, progress=progress)
