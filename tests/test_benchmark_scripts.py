@@ -203,3 +203,28 @@ def test_scale_out_envs_section(tmp_path):
         assert res[backend]["episodes"] == 1 and res[backend]["wall_s"] > 0
         assert res[backend]["success"] == 1.0  # the oracle's programs pass
     assert res["actor_call_ms"] > 0
+
+
+def test_collate_speed_checks_against_an_older_commit():
+    r = _run("collate_speed.py", "--batch", "4", "--prompt", "8", "--response", "16", "--turns", "2", "--repeats", "2",
+             "--baseline-rev", "HEAD")
+    assert "same tensors as HEAD: True" in r.stdout and "median ratio" in r.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "collate_speed.py"), "--batch", "0"],
+                         capture_output=True, text=True, env=ENV, timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "must be >= 1" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.skipif(not _code_sandbox(), reason="no isolating sandbox (docker or bwrap) on this machine")
+def test_humaneval_speed_times_the_oracle(tmp_path):
+    out = tmp_path / "he.json"
+    from agentgym.envs.sandbox import available_backends
+    backend = "bwrap" if available_backends().get("bwrap") == "ok" else "docker"
+    _run("humaneval_speed.py", "--backends", backend, "--problems", "2", "--out", str(out))
+    res = json.loads(out.read_text())["backends"][backend]
+    assert res["episodes"] == 2 and res["passed"] == 2 and 0 < res["median_s"] <= res["max_s"]
+
+
+@pytest.mark.skipif(not _have("openenv"), reason="openenv-core (the 'protocols' extra) is not installed")
+def test_openenv_server_benchmark_runs_both_servers():
+    r = _run("openenv_server.py", "--sessions", "2", "--seconds", "1", timeout=300)
+    assert "ours" in r.stdout and "openenv" in r.stdout.lower()

@@ -69,7 +69,9 @@ def run_eval(*argv: str) -> int:
 def test_cli_writes_per_task_records_and_pairs_two_policies(tmp_path, capsys):
     oracle, rand = tmp_path / "oracle.json", tmp_path / "random.json"
     assert run_eval("--policy", "oracle", "--json", str(oracle)) == 0
-    assert "per task (4 tasks, mean of 2 episodes each): success 1.000" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "per task (4 tasks, mean of 2 episodes each): success 1.000" in out
+    assert "pass@1 1.000, pass@2 1.000 (unbiased estimator)" in out
     assert run_eval("--policy", "tiny-random", "--max-new-tokens", "4", "--json", str(rand), "--paired-with", str(oracle)) == 0
     out = capsys.readouterr().out
     data = json.loads(rand.read_text())

@@ -205,7 +205,8 @@ def _task_line(t: dict[str, Any], group_size: int) -> str:
     each = "one episode each" if group_size == 1 else f"mean of {group_size} episodes each"
     ci = _ci_text(t["task_success_ci_low"], t["task_success_ci_high"], t["ci_note"], signed=False)
     line = f"per task ({t['tasks']:.0f} tasks, {each}): success {t['task_success']:.3f}, 95 % bootstrap CI {ci}"
-    return line + (f"; pass@{group_size} {t[f'pass@{group_size}']:.3f}" if group_size > 1 else "")
+    from agentgym.app.evaluation import pass_at_k_text
+    return line + (f"; {pass_at_k_text(t)} (unbiased estimator)" if group_size > 1 else "")
 
 
 def _paired_line(p: dict[str, Any], path: str, head: dict[str, Any]) -> str:
