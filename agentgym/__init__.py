@@ -3,7 +3,7 @@
 The kernel: env base class and spaces, registry, reward shapers, tools and action parsers.
 Concrete parts live in ``agentgym.envs``, ``agentgym.policies`` and ``agentgym.algorithms``; the
 application (command line, reports, run directories, evaluation, statistics, env checks) in the
-``app/`` subpackage (``agentgym.app.cli``, ``agentgym.app.stats``, ...), reached only by those paths:
+``app/`` subpackage (``agentgym.app.cli``, ``agentgym.stats``, ...), reached only by those paths:
 no compatibility aliases before 1.0, a name lives in the one module that defines it.
 """
 

@@ -247,7 +247,7 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
         (out / DECLARATION_FILE).write_text(json.dumps(declared, indent=1))   # exploratory metrics added now
     else:
         if not resume:
-            from agentgym.app.runs import prepare_output_dir
+            from agentgym.runs import prepare_output_dir
             prepare_output_dir(out, overwrite=overwrite, command="compare")
         out.mkdir(parents=True, exist_ok=True)
         (out / DECLARATION_FILE).write_text(json.dumps(declared, indent=1))    # before the first run starts

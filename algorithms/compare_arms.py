@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agentgym.app.stats import format_ci
+from agentgym.stats import format_ci
 from agentgym.config import load_config
 
 from agentgym.algorithms.catalog import LEARNERS

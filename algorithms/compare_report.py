@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agentgym.app.stats import (diff_ci, format_ci, hierarchical_bootstrap_diff, mean_ci, min_detectable_difference,
+from agentgym.stats import (diff_ci, format_ci, hierarchical_bootstrap_diff, mean_ci, min_detectable_difference,
                                 paired_bootstrap_ci, paired_count, paired_diff_ci, paired_min_detectable, verdict,
                                 without_undefined)
 
@@ -111,7 +111,7 @@ def summarize_runs(records: Sequence[RunRecord], variants: Sequence[Variant], pe
             "train_s": _mean_std(np.nansum(step_s, axis=1)),
             "run_wall_s": _mean_std([r.wall_s for r in runs]),
             "tokens": _mean_std(np.nansum(tokens, axis=1)),
-            # 95 % t intervals over seeds (agentgym.app.stats.mean_ci), and the per-seed values they rest on
+            # 95 % t intervals over seeds (agentgym.stats.mean_ci), and the per-seed values they rest on
             **_seed_intervals({"final_reward": rewards[:, -1], "final_success": success[:, -1],
                                "auc_reward": np.nanmean(rewards, axis=1),
                                "eval_success_after": [_g(r.after, "eval/success_rate") for r in runs]}),
@@ -149,7 +149,7 @@ def _seed_intervals(per_metric: Mapping[str, Sequence[float]]) -> dict[str, dict
 
 def _pairwise_differences(summary: Mapping[str, Any], metrics: Sequence[str] = DIFFERENCE_METRICS) -> list[dict[str, Any]]:
     """Every pair of variants, per metric: Welch's 95 % interval of the difference of seed means and
-    whether it excludes 0 (:func:`agentgym.app.stats.verdict`). Where it does not exist (a variant with one
+    whether it excludes 0 (:func:`agentgym.stats.verdict`). Where it does not exist (a variant with one
     seed; both variants' seeds agreeing among themselves) ``low``/``high`` are NaN, ``undefined`` says
     why and the verdict is ``n/a``: such a difference is never called significant."""
     labels = [k for k in summary if not k.startswith("_")]
@@ -171,12 +171,12 @@ def _paired_differences(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
     fixes the training tasks, the initial model and the eval tasks):
 
     - ``headline``: the interval over seeds *and* questions
-      (:func:`~agentgym.app.stats.hierarchical_bootstrap_diff`, seeds paired): what a new set of seeds on new
+      (:func:`~agentgym.stats.hierarchical_bootstrap_diff`, seeds paired): what a new set of seeds on new
       questions from the same split would give; its ``verdict`` (significant / noise / n/a) is the pair's;
     - *over seeds*: Student's t interval of the per-seed differences, on the seeds both variants ran
-      (:func:`~agentgym.app.stats.paired_diff_ci`), with its smallest detectable difference;
+      (:func:`~agentgym.stats.paired_diff_ci`), with its smallest detectable difference;
     - *over tasks*: percentile bootstrap over the eval tasks of each task's success averaged over those
-      seeds (:func:`~agentgym.app.stats.paired_bootstrap_ci`), the seeds held fixed: *conditional on these
+      seeds (:func:`~agentgym.stats.paired_bootstrap_ci`), the seeds held fixed: *conditional on these
       runs*, it speaks of the trained models at hand, not of the learners, and judges nothing."""
     labels = [k for k in summary if not k.startswith("_")]
     rows = []

@@ -12,7 +12,7 @@ __all__ = ["held_out_gain", "plot_curves"]
 
 def held_out_gain(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float] | None:
     """Held-out success after − before on the same tasks, with a 95 % paired bootstrap CI over tasks."""
-    from agentgym.app.stats import paired_bootstrap_ci, paired_count, verdict
+    from agentgym.stats import paired_bootstrap_ci, paired_count, verdict
     a, b = after.get("successes"), before.get("successes")
     if not a or not b or len(a) != len(b):
         return None

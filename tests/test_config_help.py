@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from agentgym.algorithms.config import TrainConfig, command_config, describe_configs
+from agentgym.algorithms.config import TrainConfig
+from agentgym.app.knobs import command_config, describe_configs
 from agentgym.algorithms.offline.sft import SFTRunConfig
 from agentgym.config import config_fields, format_config_table
 
@@ -92,3 +93,25 @@ def test_agentgym_config_lists_every_knob_from_the_command_line(capsys):
     bad = subprocess.run([sys.executable, "-m", "agentgym", "config", "bogus"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "invalid choice: 'bogus'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_config_env_lists_every_setting_of_an_env_with_defaults_and_help():
+    from agentgym.app.knobs import describe_env, env_settings
+    rows = {name: (kind, default, help_) for name, kind, default, help_ in env_settings("SearchQA-v0")}
+    assert rows["topk"] == ("int", "3", "passages per search (Search-R1: 3).")
+    assert rows["split"][1] == "'train'" and "validation" in rows["split"][2]
+    assert "group_reward" in rows and "reward" in rows          # the AgentEnv keywords, through **kwargs or named
+    text = describe_env("Math-v0")
+    assert text.startswith("agentgym env Math-v0: set as env_kwargs.NAME=VALUE") and "difficulty" in text
+    with pytest.raises(ValueError, match="no env 'Nope-v0'"):
+        env_settings("Nope-v0")
+
+
+def test_config_env_from_the_command_line():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "agentgym", "config", "env", "Arithmetic-v0"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "hard_fraction" in r.stdout and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "agentgym", "config", "env"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "needs an env id" in r.stderr and "Traceback" not in r.stderr

@@ -10,7 +10,7 @@ import pytest
 
 from agentgym.app.cli import main
 from agentgym.app.evaluation import load_eval_tasks, paired_difference, per_task, task_summary
-from agentgym.app.stats import bootstrap_ci, paired_bootstrap_ci
+from agentgym.stats import bootstrap_ci, paired_bootstrap_ci
 from agentgym.rollout_metrics import task_groups
 from agentgym.trajectory import Trajectory
 

@@ -1,4 +1,4 @@
-"""The headline interval of a comparison (agentgym.app.stats.hierarchical_bootstrap_diff): it must cover the
+"""The headline interval of a comparison (agentgym.stats.hierarchical_bootstrap_diff): it must cover the
 true difference over new seeds *and* new questions as often as it says.
 
 The simulation draws 2 000 comparisons from a two-level model on the logit scale: each question has a
@@ -21,7 +21,7 @@ import math
 import numpy as np
 import pytest
 
-from agentgym.app.stats import hierarchical_bootstrap_diff, paired_bootstrap_ci
+from agentgym.stats import hierarchical_bootstrap_diff, paired_bootstrap_ci
 
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(80)
 
@@ -89,7 +89,7 @@ def test_a_baseline_scored_once_carries_its_question_noise_into_the_interval():
 def test_the_draws_variance_is_the_two_way_random_effects_variance():
     """Paired seeds: the interval's half-width / t quantile equals, up to the bootstrap's own noise, the
     unbiased ANOVA estimate (MS_seeds + MS_questions − MS_cells) / (S·Q) of the mean difference's variance."""
-    from agentgym.app.stats import t_quantile
+    from agentgym.stats import t_quantile
     rng = np.random.default_rng(3)
     s, q = 4, 30
     d = rng.normal(0.1, 0.3, (s, 1)) + rng.normal(0, 0.5, (1, q)) + rng.normal(0, 0.4, (s, q))

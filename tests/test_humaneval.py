@@ -19,7 +19,7 @@ import pytest
 
 import agentgym
 from agentgym.app.evaluation import EvalRunConfig, evaluate, pass_at_k_text, pass_at_k_values, task_summary
-from agentgym.app.stats import pass_at_k
+from agentgym.stats import pass_at_k
 from agentgym.envs.humaneval import (
     NUM_PROBLEMS, HumanEvalEnv, _reply_code, build_program, grade_programs, humaneval_problems,
 )

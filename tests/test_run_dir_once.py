@@ -4,9 +4,9 @@ command line still prepares its own."""
 
 import pytest
 
-import agentgym.app.runs as runs
+import agentgym.runs as runs
 from agentgym.app.cli import main
-from agentgym.app.runs import RunDirError
+from agentgym.runs import RunDirError
 
 TINY = ["model=tiny-random", "algo=grpo", "steps=1", "groups_per_step=1", "group_size=2", "sampling.max_new_tokens=4",
         "eval.episodes=1", "tensorboard=false", "env=Arithmetic-v0", "env_kwargs={hard_fraction: 0.0, max_turns: 1}"]

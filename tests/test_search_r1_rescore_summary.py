@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from helpers_scripts import load_script
 
-from agentgym.app.stats import paired_bootstrap_ci, t_quantile
+from agentgym.stats import paired_bootstrap_ci, t_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "search_r1" / "rescore_summary.py"

@@ -1,4 +1,4 @@
-"""Confidence intervals (agentgym.app.stats) against hand computations, and how the harness reports them."""
+"""Confidence intervals (agentgym.stats) against hand computations, and how the harness reports them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from agentgym.app.stats import (bootstrap_ci, diff_ci, mean_ci, min_detectable_difference, paired_bootstrap_ci,
+from agentgym.stats import (bootstrap_ci, diff_ci, mean_ci, min_detectable_difference, paired_bootstrap_ci,
                                 paired_count, paired_diff_ci, paired_min_detectable, t_quantile, verdict)
 
 
@@ -89,7 +89,7 @@ def test_compare_table_says_which_differences_are_significant():
 def test_zero_width_and_one_value_intervals_are_undefined_not_exact():
     """All seeds agreeing gives a zero-width t interval; it says the seeds agreed, not that the value is
     exact, so it is reported as n/a and never called significant (it used to be, as [+0.250, +0.250])."""
-    from agentgym.app.stats import format_ci, undefined_reason, without_undefined
+    from agentgym.stats import format_ci, undefined_reason, without_undefined
     agree = mean_ci([0.25, 0.25, 0.25])
     assert agree[0] == 0.25 and agree[1] == agree[2]                       # the numbers are still returned
     assert undefined_reason(agree, 3) == "seeds agree: no spread" and format_ci(agree, 3) == "n/a (seeds agree: no spread)"

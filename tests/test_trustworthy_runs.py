@@ -63,7 +63,7 @@ def test_a_second_run_never_overwrites_a_finished_one(tmp_path, capsys):
 def test_a_run_directory_in_use_by_a_live_process_is_refused(tmp_path, capsys):
     """Two processes on one run directory (a second --resume / --overwrite, or two `compare --resume` on the
     same runs) would corrupt or delete the first one's run: refused while its writer lives."""
-    from agentgym.app.runs import LOCK_NAME, _process_start, lock_holder
+    from agentgym.runs import LOCK_NAME, _process_start, lock_holder
     out = tmp_path / "run"
     assert main(["train", *TINY, "steps=1", f"output_dir={out}"]) == 0
     assert not (out / LOCK_NAME).exists()          # released when the run finished
@@ -269,7 +269,7 @@ def test_ctrl_c_says_how_to_continue_and_the_printed_command_does(tmp_path):
 
 
 def test_resume_picks_the_newest_run_that_has_a_checkpoint(tmp_path):
-    from agentgym.app.runs import default_output_dir
+    from agentgym.runs import default_output_dir
     (tmp_path / "train" / "checkpoints" / "step_000002").mkdir(parents=True)
     (tmp_path / "train-1").mkdir()
     (tmp_path / "train-1" / "config.yaml").write_text("steps: 3\n")        # stopped before any checkpoint

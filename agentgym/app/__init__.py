@@ -1,7 +1,10 @@
 """The application on top of the kernel: the ``agentgym`` command line (:mod:`~agentgym.app.cli`), the
-HTML trajectory report (:mod:`~agentgym.app.report`), run directories (:mod:`~agentgym.app.runs`),
-evaluation (:mod:`~agentgym.app.evaluation`), confidence intervals (:mod:`~agentgym.app.stats`) and env
-checks (:mod:`~agentgym.app.checking`).
+HTML trajectory report (:mod:`~agentgym.app.report`), evaluation (:mod:`~agentgym.app.evaluation`) and
+env checks (:mod:`~agentgym.app.checking`).
+
+Run directories (:mod:`agentgym.runs`) and confidence intervals (:mod:`agentgym.stats`) live in the
+kernel, not here: the trainer, the comparison harness and SFT need them too, and no part imports the
+application.
 
 The kernel (``agentgym/*.py``) never imports this package; this package imports the kernel and wires
 concrete parts together, lazily.

@@ -27,7 +27,14 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from agentgym.algorithms.config import describe_configs
+    from agentgym.app.knobs import describe_configs, describe_env
+    if args.which == "env":
+        if not args.env_id:
+            raise ValueError("agentgym config env needs an env id, e.g. agentgym config env SearchQA-v0")
+        print(describe_env(args.env_id))
+        return 0
+    if args.env_id:
+        raise ValueError(f"agentgym config {args.which} takes no env id (agentgym config env {args.env_id})")
     print(describe_configs(args.which))
     return 0
 
@@ -196,8 +203,8 @@ def _eval_baseline(cfg: Any, env_id: str) -> tuple[dict[str, Any], list[dict[str
 
 def _ci_text(low: float, high: float, note: str | None, signed: bool) -> str:
     """The interval as the comparison reports write it; ``note`` (why there is none) comes from the record,
-    whose bounds are then NaN (:func:`agentgym.app.stats.without_undefined`)."""
-    from agentgym.app.stats import format_ci
+    whose bounds are then NaN (:func:`agentgym.stats.without_undefined`)."""
+    from agentgym.stats import format_ci
     return f"n/a ({note})" if note else format_ci((math.nan, low, high), signed=signed)
 
 

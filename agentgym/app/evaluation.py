@@ -126,7 +126,7 @@ def task_summary(tasks: list[dict[str, Any]], group_size: int) -> dict[str, Any]
     tasks, or all alike) and, with ``group_size`` = n > 1, ``pass@k`` for each k of :func:`pass_at_k_values`
     (pass@n is the share of tasks that any of their n episodes solved). Tasks without a scored episode are
     left out."""
-    from agentgym.app.stats import bootstrap_ci, without_undefined
+    from agentgym.stats import bootstrap_ci, without_undefined
     values = [t["success"] for t in tasks if not math.isnan(t["success"])]
     (mean, low, high), why = without_undefined(bootstrap_ci(values), len(values), "task")  # NaN bounds: no interval
     out: dict[str, Any] = {"tasks": float(len(values)), "task_success": mean, "task_success_ci_low": low,
@@ -148,10 +148,10 @@ def _k_values(n: int) -> list[int]:
 
 def pass_at_k_values(tasks: list[dict[str, Any]], n: int) -> dict[str, float]:
     """``{"pass@k": mean over tasks}`` for k in 1, 2, 4, ... (10, 100) up to ``n`` samples per task, each task's
-    value the unbiased estimator :func:`agentgym.app.stats.pass_at_k` of its scored episodes (``c`` = its
+    value the unbiased estimator :func:`agentgym.stats.pass_at_k` of its scored episodes (``c`` = its
     success times ``scored``). A task is in pass@k only when at least k of its episodes were scored (an
     outage does not count as a failed sample); NaN when no task is."""
-    from agentgym.app.stats import pass_at_k
+    from agentgym.stats import pass_at_k
     counts = [(int(t["scored"]), int(round(t["success"] * t["scored"]))) for t in tasks
               if t["scored"] and not math.isnan(t["success"])]
     out = {}
@@ -200,7 +200,7 @@ def paired_difference(tasks: list[dict[str, Any]], baseline: list[dict[str, Any]
     """This eval minus the baseline, task by task (matched on ``task_index``): mean difference with its
     95 % bootstrap CI over tasks (NaN bounds where there is no interval, ``ci_note`` then says why: fewer
     than 2 tasks, or every task moved alike), and how many tasks went up and down. Both must hold the same tasks."""
-    from agentgym.app.stats import paired_bootstrap_ci, without_undefined
+    from agentgym.stats import paired_bootstrap_ci, without_undefined
     mine, theirs = ({t["task_index"]: t["success"] for t in ts} for ts in (tasks, baseline))
     if None in mine or None in theirs or len(mine) != len(tasks) or len(theirs) != len(baseline):
         raise ValueError("paired_with: tasks need distinct task indices to be paired (this env's have none)")

@@ -54,9 +54,12 @@ def add_list(sub: Any) -> None:
 
 def add_config(sub: Any) -> None:
     """``agentgym config [COMMAND]``"""
-    p = sub.add_parser("config", help="list every config knob of a command with its default and help")
-    p.add_argument("which", nargs="?", choices=("train", "sft", "dpo", "eval"), default=None, metavar="COMMAND",
-                   help="train, sft, dpo or eval (default: all four); a knob is set as KEY=VALUE or in --config YAML")
+    p = sub.add_parser("config", help="list every config knob of a command, or every setting of an env, with its "
+                                      "default and help")
+    p.add_argument("which", nargs="?", choices=("train", "sft", "dpo", "eval", "env"), default=None,
+                   metavar="COMMAND", help="train, sft, dpo or eval (default: all four); a knob is set as KEY=VALUE "
+                                           "or in --config YAML; 'env ENV_ID': that env's settings (env_kwargs)")
+    p.add_argument("env_id", nargs="?", default=None, help="with 'env': the env id, e.g. SearchQA-v0")
     p.set_defaults(func=cmd_config)
 
 

@@ -24,7 +24,7 @@ def _versioned(cfg: Any, args: argparse.Namespace, command: str,
     import dataclasses
 
     from agentgym.algorithms.distributed import env_rank
-    from agentgym.app.runs import default_output_dir, output_dir_was_given
+    from agentgym.runs import default_output_dir, output_dir_was_given
     if output_dir_was_given(args.config, list(args.overrides or [])):
         return cfg
     if env_rank() != 0 and not getattr(args, "resume", False):
@@ -56,7 +56,7 @@ def _continue_command(args: argparse.Namespace, *where: str) -> str:
 
 def _resume_command(args: argparse.Namespace, output_dir: str) -> str:
     """The command that continues this run: what the user typed, with its output_dir and --resume."""
-    from agentgym.app.runs import output_dir_was_given
+    from agentgym.runs import output_dir_was_given
     given = output_dir_was_given(args.config, list(args.overrides or []))
     return _continue_command(args, *([] if given else [f"output_dir={output_dir}"]))
 
@@ -80,7 +80,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from agentgym.algorithms.trainer import (TrainConfig, Trainer, TrainingInterrupted, finished_run, interrupted_run,
                                            latest_checkpoint)
     from agentgym.config import ConfigError, load_config
-    from agentgym.app.runs import prepare_output_dir
+    from agentgym.runs import prepare_output_dir
     cfg = load_config(TrainConfig, args.config, args.overrides)
     cfg = _versioned(cfg, args, "train", resumable=lambda p: latest_checkpoint(p) is not None,
                      interrupted=interrupted_run)
@@ -129,7 +129,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                    f"held-out eval on {cfg.eval.episodes} tasks ({cfg.eval.describe()})")
     g = result.get("gain")
     if g is not None:
-        from agentgym.app.stats import format_ci
+        from agentgym.stats import format_ci
         ci = format_ci((g["success_gain"], g["ci_low"], g["ci_high"]), int(g["tasks"]), "task")
         print(f"held-out success gain {g['success_gain']:+.3f} (95 % CI {ci}, "
               f"paired bootstrap over {int(g['tasks'])} tasks, one seed): {g['verdict']}")
@@ -153,7 +153,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not isinstance(steps, int):
         raise CompareError(f"--steps must be one integer, got {args.steps!r}")
     if args.out is None:
-        from agentgym.app.runs import default_output_dir
+        from agentgym.runs import default_output_dir
         args.out = str(default_output_dir("runs/compare", resume=args.resume or args.report_only,
                                           overwrite=args.overwrite))
     set_threads(args.threads, verbose=False)  # compare's own first line reports the setup
@@ -176,7 +176,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _offline_run_config(cls: type, args: argparse.Namespace, command: str) -> Any:
     """The config of an ``sft`` / ``dpo`` run, checked before the model loads: env, model spec, and the
     output directory, which ``run_sft`` / ``run_dpo`` then prepare (once, before their model load too)."""
-    from agentgym.app.runs import check_output_dir
+    from agentgym.runs import check_output_dir
     from agentgym.config import load_config
     cfg = _versioned(load_config(cls, args.config, args.overrides), args, command)
     validate_run(cfg)

@@ -170,13 +170,13 @@ def peft_config(lora: LoraSettings | None) -> Any:
 
 def prepare_run(cfg: Any, overwrite: bool = False) -> tuple[Path, Any]:
     """Output dir with the resolved config, seeds set, and the model as a policy (fp32 weights).
-    A non-empty ``output_dir`` is refused unless ``overwrite`` (see :mod:`agentgym.app.runs`)."""
+    A non-empty ``output_dir`` is refused unless ``overwrite`` (see :mod:`agentgym.runs`)."""
     import torch
     from transformers import set_seed
 
     from agentgym.policies.loading import load_policy
     from agentgym.policies.registry import trainable_backend
-    from agentgym.app.runs import prepare_output_dir
+    from agentgym.runs import prepare_output_dir
     out = prepare_output_dir(cfg.output_dir, overwrite=overwrite, command=type(cfg).__name__[:3].lower())
     save_config(cfg, out / "config.yaml")
     set_seed(cfg.seed)

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from agentgym.app.stats import (diff_ci, format_ci, mean_ci, paired_bootstrap_ci, paired_count, paired_diff_ci,
+from agentgym.stats import (diff_ci, format_ci, mean_ci, paired_bootstrap_ci, paired_count, paired_diff_ci,
                                 undefined_reason)
 
 HERE = Path(__file__).resolve().parent

@@ -15,7 +15,7 @@ trained once and shared by all RL seeds; each RL arm runs ``--seeds`` seeds (see
 seed). RL settings come from ``configs/smollm2_small.yaml`` (the real config loader), SFT settings
 from the flags below. EM is the env's ``success``: Search-R1's normalisation (``normalize_answer``).
 
-Statistics (``agentgym/app/stats.py``): per arm, EM per question is averaged over the arm's seeds and a
+Statistics (``agentgym/stats.py``): per arm, EM per question is averaged over the arm's seeds and a
 percentile bootstrap over questions (``bootstrap_ci``) gives the 95 % CI (seeds held fixed: the CI
 covers question sampling, not seed-to-seed variation, which is reported separately as per-seed EM
 and a t interval over seeds). Comparisons are paired bootstraps over questions (``paired_bootstrap_ci``).
@@ -248,7 +248,7 @@ def arm_stats(runs: list[list[dict]], n_boot: int) -> dict[str, Any]:
     ``ci_undefined``: the EM intervals that do not exist and why, e.g. every question scored the same
     (``questions agree: no spread``): their bounds stay the bootstrap's (equal) numbers, but the table
     prints n/a. ``em_seed_t_ci`` has NaN bounds when there is no interval over seeds."""
-    from agentgym.app.stats import bootstrap_ci, mean_ci, undefined_reason, without_undefined
+    from agentgym.stats import bootstrap_ci, mean_ci, undefined_reason, without_undefined
     s: dict[str, Any] = {"seeds": len(runs), "questions": len(runs[0]), "ci_undefined": {}}
     for qt in (None, *QTYPES):
         key, vals = f"em_{qt or 'overall'}", per_question(runs, "em", qt)
@@ -271,13 +271,13 @@ def _difference(raw: tuple[float, float, float], n: int, unit: str) -> dict[str,
     """A difference's record: NaN bounds and the reason (``undefined``) where there is no interval, e.g.
     every question changed by the same amount, so a zero-width interval is never read as exact; the
     verdict is then ``n/a``, never significant."""
-    from agentgym.app.stats import verdict, without_undefined
+    from agentgym.stats import verdict, without_undefined
     ci, reason = without_undefined(raw, n, unit)
     return {"diff": ci[0], "ci_low": ci[1], "ci_high": ci[2], "verdict": verdict(raw), "undefined": reason}
 
 
 def compare(a: list[list[dict]], b: list[list[dict]], sa: dict, sb: dict, n_boot: int) -> dict[str, Any]:
-    from agentgym.app.stats import diff_ci, mean_ci, paired_bootstrap_ci, paired_diff_ci
+    from agentgym.stats import diff_ci, mean_ci, paired_bootstrap_ci, paired_diff_ci
     out: dict[str, Any] = {}
     # seed-to-seed variation, which the question bootstrap (seeds held fixed) does not cover
     (na, ea), (nb, eb) = (sa["seeds"], sa["em_per_seed"]), (sb["seeds"], sb["em_per_seed"])
@@ -774,7 +774,7 @@ def write_report(args: argparse.Namespace, argv: list[str] | None, cfg: Any, pro
                         "load_average_start": list(load_start), "load_average_end": list(os.getloadavg())},
             "wall_s": timings, "resumed": progress.reused, "interim": interim or [],
             "stats_method": "per-question EM averaged over the arm's seeds; percentile bootstrap over questions "
-                            "(agentgym.app.stats.bootstrap_ci); comparisons: paired bootstrap over questions "
+                            "(agentgym.stats.bootstrap_ci); comparisons: paired bootstrap over questions "
                             "(paired_bootstrap_ci); seeds held fixed. em_seed_t_ci: Student t over per-seed EM."}
     result = {"meta": meta, "args": vars(args), "config": to_dict(cfg), "sft_config": progress.sft_config,
               "sft": sft_summary, "stats": stats, "comparisons": comps, "records": records, "rl": rl}
