@@ -4,7 +4,7 @@ the update loop's settings), each learner's typed config composed from its parts
 flat :class:`LearnerConfig` users write as the ``learner:`` section.
 
 Every knob has a default and a one-line help (``field(metadata={"help": ...})``, TRL's way);
-:func:`describe_configs` lists them (``agentgym config [train|sft|dpo|eval]``). What lives elsewhere,
+:func:`agentgym.app.knobs.describe_configs` lists them (``agentgym config [train|sft|dpo|eval]``). What lives elsewhere,
 and why: a part's own settings block sits beside the part that reads it (below), the one
 :class:`~agentgym.rollout_config.RolloutConfig` in the kernel (eval and SFT/DPO nest it too), the
 optimizer in :mod:`.optim` (shared with SFT/DPO), and SFT/DPO's run configs in :mod:`.offline`.
@@ -23,7 +23,6 @@ registered by user modules go under ``learner.extra``. Every config is checked o
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
@@ -36,8 +35,8 @@ from agentgym.rollout_config import ROLLOUT_ALIASES, RolloutConfig, RolloutViews
 
 from agentgym.algorithms.advantages import (ADVANTAGES, BASELINES, BaselineSettings, GAESettings, GroupSettings,
                                             ReturnSettings)
-from agentgym.algorithms.batch import Batch
 from agentgym.algorithms.critic import Critic, CriticSettings
+from agentgym.algorithms.group_filter import GroupFilterConfig
 from agentgym.algorithms.health import HealthConfig
 from agentgym.algorithms.losses import KL_ESTIMATORS, LOSS_AGG_MODES, LossSettings
 from agentgym.algorithms.objectives import OBJECTIVES, ClipSettings
@@ -45,8 +44,7 @@ from agentgym.algorithms.optim import LoraSettings, OptimConfig, check_optim
 from agentgym.algorithms.returns import CREDITS
 
 __all__ = ["ALGORITHM_DEFAULTS", "UpdateConfig", "LearnerConfig", "compose_config", "resolve_config",
-           "composed_config", "check_token_kinds", "check_temperature", "TrainConfig", "EvalConfig", "torch_dtype",
-           "COMMAND_CONFIGS", "command_config", "describe_configs"]
+           "composed_config", "check_token_kinds", "check_temperature", "TrainConfig", "EvalConfig", "torch_dtype"]
 
 #: Settings whose ``None`` in :class:`LearnerConfig` means "the algorithm's default" (the typed
 #: config's), because built-in algorithms default them differently.
@@ -310,13 +308,7 @@ def composed_config(learner_name: str, advantage: str, objective: str) -> type:
 def check_token_kinds(kinds: Sequence[str]) -> None:
     """``loss_token_kinds`` needs the batch's typed token provenance and names known kinds (the batch
     checks the masking rule itself: with ``mask_env_tokens`` only sampled kinds)."""
-    if "kinds" not in inspect.signature(Batch.train_mask).parameters:
-        raise ValueError("learner.loss_token_kinds needs typed token provenance (Batch.train_mask(kinds=...)), "
-                         "which this installation's batch format does not have")
-    try:
-        from agentgym.trajectory import TOKEN_KINDS
-    except ImportError:  # pragma: no cover - an older kernel: the batch will say what is wrong
-        return
+    from agentgym.trajectory import TOKEN_KINDS
     unknown = sorted(set(kinds) - set(TOKEN_KINDS))
     if unknown:
         raise ValueError(f"learner.loss_token_kinds: unknown token kinds {unknown}; known: {', '.join(TOKEN_KINDS)}")
@@ -414,6 +406,8 @@ class TrainConfig(RolloutViews):
         "help": "updates the sampler's weights may lag (overlapped generation), >= 0; 0 = on-policy"})
     health: HealthConfig = field(default_factory=HealthConfig, metadata={
         "help": "training-health alarms (entropy / length / action-rate collapse, groups without signal)"})
+    group_filter: GroupFilterConfig = field(default_factory=GroupFilterConfig, metadata={
+        "help": "more signal per episode: DAPO dynamic sampling and difficulty filtering (docs/training.md); off"})
 
     config_aliases: ClassVar[dict[str, str]] = ROLLOUT_ALIASES
     #: keys that change how a run is computed or where it is written, not what it learns: a finished or
@@ -465,32 +459,3 @@ def torch_dtype(name: str | None) -> torch.dtype | None:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"dtype must name a torch dtype (float32, bfloat16, float16), got {name!r}")
     return dtype
-
-
-# --------------------------------------------------------------------------- listing every knob
-
-#: Each command's root config as ``module:Class``, imported only when asked for.
-COMMAND_CONFIGS: dict[str, str] = {
-    "train": "agentgym.algorithms.config:TrainConfig",
-    "sft": "agentgym.algorithms.offline.sft:SFTRunConfig",
-    "dpo": "agentgym.algorithms.offline.dpo:DPORunConfig",
-    "eval": "agentgym.app.evaluation:EvalRunConfig",
-}
-
-
-def command_config(command: str) -> type:
-    """The root config class of ``command`` (``train``, ``sft``, ``dpo`` or ``eval``)."""
-    import importlib
-    if command not in COMMAND_CONFIGS:
-        raise ValueError(f"no config for command {command!r}; choose one of {', '.join(COMMAND_CONFIGS)}")
-    module, _, name = COMMAND_CONFIGS[command].partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def describe_configs(command: str | None = None) -> str:
-    """Every knob of ``command``'s config (``train``, ``sft``, ``dpo`` or ``eval``; None: all of them) as
-    plain-text tables, one line per knob: dotted path, type, default, help. ``agentgym config`` prints this."""
-    from agentgym.config import format_config_table
-    names = [command] if command is not None else list(COMMAND_CONFIGS)
-    return "\n".join(format_config_table(cls, title=f"agentgym {n}: {cls.__name__}")
-                     for n, cls in ((n, command_config(n)) for n in names))

@@ -49,11 +49,11 @@ def interrupted_run(out: str | Path) -> bool:
 def discard_unstarted(out: str | Path, step: int, resume: bool, log: Callable[[str], None]) -> None:
     """A new run (not a resumed one) that stopped before its first step — a late error in the first eval or
     rollout, Ctrl-C there — has nothing to keep or continue: its folder is emptied
-    (:func:`agentgym.app.runs.discard_unstarted_run`), so the corrected command runs again in the same
+    (:func:`agentgym.runs.discard_unstarted_run`), so the corrected command runs again in the same
     ``output_dir`` instead of being refused, or moved to ``runs/train-1``. Says what it removed."""
     if step or resume:
         return
-    from agentgym.app.runs import discard_unstarted_run
+    from agentgym.runs import discard_unstarted_run
     removed = discard_unstarted_run(out)
     if removed:
         log(f"[train] stopped before its first step: removed {', '.join(removed)} from {out}, so the same "

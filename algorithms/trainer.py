@@ -25,17 +25,18 @@ import numpy as np
 import torch
 
 from agentgym.config import save_config
-from agentgym.rollout import RolloutEngine, summarize
+from agentgym.rollout import RolloutEngine, RolloutProgress, summarize
 from agentgym.rollout_metrics import scored_episodes
 from agentgym.precision import resolve_precision
 from agentgym.threads import recheck as recheck_threads
 
 from agentgym.algorithms.catalog import make_learner
 from agentgym.algorithms.curves import held_out_gain, plot_curves
+from agentgym.algorithms.group_filter import GroupSampler
 from agentgym.algorithms.health import HealthMonitor, batch_health
 from agentgym.algorithms.overlap import Prefetcher
 from agentgym.algorithms.run_control import (ServiceOutage, TrainingInterrupted, WholeSteps, checkpoint_step,
-                                             finished_run, interrupted_run, latest_checkpoint)
+                                             discard_unstarted, finished_run, interrupted_run, latest_checkpoint)
 from agentgym.algorithms.config import EvalConfig, TrainConfig, torch_dtype
 from agentgym.algorithms.held_out import (eval_line, eval_rollout_config, held_out_eval, rollout_config, scored_eval,
                                           task_successes)
@@ -65,6 +66,8 @@ class Trainer:
         self._bar: Any = None
         self._outage_steps = 0   # steps in a row that an infrastructure failure emptied (_check_outage)
         self.out = Path(cfg.output_dir)
+        # each step's groups: one engine call, or with group_filter.* refilled for signal / drawn by difficulty
+        self.groups = GroupSampler(cfg.group_filter, cfg.groups_per_step, cfg.group_size, log=self.log)
         from agentgym.algorithms.distributed import init_from_env
         self.dist = init_from_env(cfg.device)   # None in one process; torchrun: this rank's process group
         self.is_main = self.dist is None or self.dist.is_main
@@ -75,7 +78,7 @@ class Trainer:
             from agentgym.algorithms.distributed import under_torchrun
             if not under_torchrun():
                 raise ValueError("fsdp=true needs torchrun (FSDP2 shards the model across the processes: "
-                                 "torchrun --nproc-per-node N -m agentgym.cli train fsdp=true ...)")
+                                 "torchrun --nproc-per-node N -m agentgym train fsdp=true ...)")
             self.log("[agentgym] fsdp=true at world size 1: one process holds the whole model, nothing to "
                      "shard; training as a single process")
         if cfg.max_staleness and self.dist is not None:
@@ -162,6 +165,7 @@ class Trainer:
             ahead = None
         if ahead is not None:             # saved, so that --resume trains on exactly the batch this run would
             torch.save(ahead, tmp / "batch_ahead.pt")
+        self.groups.save(tmp, ahead.step if ahead is not None else self.step - 1)   # the task filter's state
         if d.exists():
             shutil.rmtree(d)
         tmp.rename(d)
@@ -202,6 +206,7 @@ class Trainer:
         h = json.loads((d / "history.json").read_text())
         self.history, self.evals = h["history"], h["evals"]
         self.health.load_state_dict({"rows": self.history, "alarms": h.get("alarms", [])})
+        self.groups.load(d)
         if self.cfg.max_staleness and (d / "batch_ahead.pt").exists():
             self.sampling.put(torch.load(d / "batch_ahead.pt", weights_only=False))
 
@@ -232,9 +237,9 @@ class Trainer:
         e = self.cfg.eval
         with tqdm(total=e.episodes * max(1, e.samples), desc=f"eval {tag} (held-out, {e.describe()})", unit="ep",
                   leave=False, position=1 if self._bar is not None else 0) as bar:
-            def progress(done: int, total: int, tokens: int = 0, generating: tuple[int, int] | None = None) -> None:
-                bar.update(done - bar.n)     # episodes ended; while a batch generates, its sequences done
-                show_generating(bar, tokens, generating)
+            def progress(p: RolloutProgress) -> None:
+                bar.update(p.finished - bar.n)     # episodes ended; while a batch generates, its sequences done
+                show_generating(bar, p.tokens, p.generating)
             metrics, trajectories = scored_eval(self.eval_engine, self.cfg, progress=progress)
         m = {"step": float(self.step), **metrics}
         self.evals.append({"tag": tag, **m})
@@ -255,11 +260,11 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def train(self, resume: bool = False, overwrite: bool = False, prepared: Path | None = None) -> dict[str, Any]:
         """Run to ``cfg.steps``. A non-empty output directory is refused unless ``resume`` (continue from
-        its last checkpoint) or ``overwrite`` (delete it first); see :mod:`agentgym.app.runs`. ``prepared``:
+        its last checkpoint) or ``overwrite`` (delete it first); see :mod:`agentgym.runs`. ``prepared``:
         the directory a caller already prepared with ``prepare_output_dir`` (the CLI does, before loading
         the model), so it is not prepared twice. Ctrl-C raises :class:`TrainingInterrupted` after
         checkpointing the last whole step."""
-        from agentgym.app.runs import prepare_output_dir
+        from agentgym.runs import prepare_output_dir
         cfg = self.cfg
         main = self.is_main
         if main:   # only rank 0 writes (other ranks read checkpoints when resuming)
@@ -293,6 +298,8 @@ class Trainer:
             if not guard.torn and self.step > checkpoint_step(saved):
                 self.log(f"[train] saving a checkpoint at step {self.step} ...")
                 saved = self.save_checkpoint()
+            if main:
+                discard_unstarted(self.out, self.step, resume, self.log)
             raise TrainingInterrupted(self.step, saved) from None
         except ServiceOutage as stop:   # raised between whole steps: the state is consistent and can be saved
             self._close_bar()
@@ -301,6 +308,10 @@ class Trainer:
                 self.log(f"[train] saving a checkpoint at step {self.step} ...")
                 saved = self.save_checkpoint()
             stop.checkpoint = saved
+            raise
+        except Exception:   # a late error before the first step: nothing to keep, nothing to block a re-run
+            if main:
+                discard_unstarted(self.out, self.step, resume, self.log)
             raise
 
     def _close_bar(self) -> None:
@@ -332,13 +343,16 @@ class Trainer:
         # each rank its own groups and seeds (rank 0's are those of a one-process run)
         seed = _step_seed(cfg.seed + 100_003 * rank, step)
         torch.manual_seed(seed)
-        batch = self.engine.collect(cfg.env, num_groups=cfg.groups_per_step // world, group_size=cfg.group_size,
-                                    seed=seed, env_kwargs=cfg.env_kwargs)
-        if self.dist is not None:   # the global batch, in rank order, on every rank
-            trajectories = gather_lists(batch.trajectories, self.dist)
-            timing = {k: v for k, v in batch.metrics.items() if k.startswith("time/")}
-            batch = type(batch)(trajectories, {**summarize(trajectories), **timing})
-        return batch
+
+        def generate(num_groups: int, round_seed: int, task_indices: list[int] | None) -> Any:
+            batch = self.engine.collect(cfg.env, num_groups=num_groups, group_size=cfg.group_size, seed=round_seed,
+                                        task_indices=task_indices, env_kwargs=cfg.env_kwargs)
+            if self.dist is not None:   # the global batch, in rank order, on every rank
+                trajectories = gather_lists(batch.trajectories, self.dist)
+                timing = {k: v for k, v in batch.metrics.items() if k.startswith("time/")}
+                batch = type(batch)(trajectories, {**summarize(trajectories), **timing})
+            return batch
+        return self.groups.collect(step, seed, generate, world, lambda: self.engine.num_tasks(cfg.env, cfg.env_kwargs))
 
     def _without_infra_errors(self, trajectories: list[Any]) -> tuple[list[Any], int]:
         """The episodes to train on: those that ended on an infrastructure error (a sandbox, a retrieval
@@ -398,6 +412,7 @@ class Trainer:
                 timing = {"time/step_s": time.perf_counter() - t0, "time/rollout_s": got.seconds,
                           "time/rollout_wait_s": t_wait, "time/sync_s": sync_s}
                 row = self._step_row(batch, upd, staleness, infra, timing)
+                self._bar.update(1)   # the step is done: the bar shows it before a held Ctrl-C stops the loop
             self._after_step(batch, row)
             self._check_outage(batch.trajectories, infra)
         self._close_bar()
@@ -436,11 +451,10 @@ class Trainer:
         return row
 
     def _after_step(self, batch: Any, row: dict[str, float]) -> None:
-        """The caller's hook, the progress bar, and the scheduled eval and checkpoint."""
+        """The caller's hook, the progress bar's batch numbers, and the scheduled eval and checkpoint."""
         cfg, main = self.cfg, self.is_main
         if self.on_step is not None:
             self.on_step(self.step, batch, row)
-        self._bar.update(1)
         # the training batch's own (sampled) reward and success; held-out success is the eval's
         self._bar.set_postfix(batch_reward=f"{batch.metrics['reward_mean']:+.3f}",
                               batch_success=f"{batch.metrics['success_rate']:.2f}")
@@ -469,24 +483,23 @@ class Trainer:
         gain = held_out_gain(before, final)
         if gain is not None:
             (self.out / "evals.json").write_text(json.dumps(self.evals + [{"tag": "gain", **gain}], indent=1))
-        from agentgym.app.runs import release_output_dir
+        from agentgym.runs import release_output_dir
         release_output_dir(self.out)   # finished: another process may now --resume or --overwrite it
         return {"before": before, "after": final, "history": self.history, "output_dir": str(self.out), "gain": gain}
 
     def write_provenance(self) -> None:
         """``provenance.json``: what the resolved config cannot say — the machine, the library versions and
-        the precision ``auto`` chose, with the probe figures it chose by."""
-        import platform
-
-        import transformers
-
+        the precision ``auto`` chose, with the probe figures it chose by, and the code that ran (git commit
+        and dirty flag: :func:`agentgym.provenance.collect_provenance`). The flat keys of earlier records
+        (``cpu``, ``torch``, ``cuda``, ``torch_threads``, ...) are kept beside it for their readers."""
         from agentgym.precision import cpu_identity
+        from agentgym.provenance import collect_provenance
+        record = collect_provenance(self.precision, torch.get_num_threads())
         ident = cpu_identity()
-        (self.out / "provenance.json").write_text(json.dumps({
-            "precision": self.precision.to_dict(), "cpu": ident["cpu"], "cpu_flags": ident["flags"],
-            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "torch_threads": torch.get_num_threads()}, indent=1))
+        flat = {"cpu": ident["cpu"], "cpu_flags": ident["flags"], "torch": torch.__version__,
+                "transformers": record["packages"]["transformers"], "python": record["python"],
+                "cuda": record["device"].get("gpu"), "torch_threads": record["threads"]}
+        (self.out / "provenance.json").write_text(json.dumps({**record, **flat}, indent=1))
 
     def close(self) -> None:
         """Release a separate sampler (vLLM engine, Ray actors); a colocated policy stays usable."""
