@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PACKAGES", "collect_provenance", "code_version"]
+__all__ = ["PACKAGES", "collect_provenance", "code_version", "write_run_provenance"]
 
 #: the libraries whose versions decide a result (None in the record when one is not installed)
 PACKAGES = ("torch", "transformers", "vllm", "trl", "numpy")
@@ -86,3 +86,21 @@ def collect_provenance(precision: Any = None, threads: int | None = None) -> dic
     return {"code": code_version(), "packages": {p: _version(p) for p in PACKAGES}, "device": _device(),
             "precision": precision, "threads": threads, "python": platform.python_version(),
             "platform": platform.platform()}
+
+
+def write_run_provenance(path: str | Path, precision: Any = None, threads: int | None = None) -> dict[str, Any]:
+    """A run's ``provenance.json``: :func:`collect_provenance`, plus the flat keys earlier records had
+    (``cpu``, ``cpu_flags``, ``torch``, ``transformers``, ``python``, ``cuda``, ``torch_threads``) for their
+    readers. Returns what it wrote."""
+    import json
+
+    from agentgym.precision import cpu_identity
+    record = collect_provenance(precision, threads)
+    ident = cpu_identity()
+    flat = {"cpu": ident["cpu"], "cpu_flags": ident["flags"], "torch": record["packages"].get("torch"),
+            "transformers": record["packages"].get("transformers"), "python": record["python"],
+            "cuda": record["device"].get("gpu"), "torch_threads": record["threads"]}
+    out = {**record, **flat}
+    Path(path).write_text(json.dumps(out, indent=1))
+    return out
+

@@ -67,6 +67,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from agentgym.config import load_config, same_config, to_dict
 
+from agentgym.algorithms.events import TrainerEvents
 from agentgym.algorithms.catalog import learner_needs_groups
 from agentgym.algorithms.compare_arms import (DECLARATION_FILE, EXTERNAL_ALGOS, HARNESS_KEYS, CompareError, RunRecord,
                                               Variant, _check_env, _PolicySource, _resolve, declare_metrics,
@@ -170,7 +171,8 @@ def _resumable(cfg: TrainConfig) -> Path | None:
 
 
 def _run_one(cfg: TrainConfig, variant: Variant, policies: _PolicySource, log: Callable[[str], None],
-             before: tuple[Mapping[str, Any], str] | None = None, resume: bool = False) -> RunRecord:
+             before: tuple[Mapping[str, Any], str] | None = None, resume: bool = False,
+             events: Sequence[TrainerEvents] = ()) -> RunRecord:
     """One run. ``before``: (eval, which run made it), an eval before training by an earlier run with the
     same :data:`BEFORE_EVAL_KEYS`, used instead of evaluating the same weights on the same draws again.
     ``resume``: go on from the run's last checkpoint (:func:`_resumable` said it has one of this config);
@@ -181,15 +183,16 @@ def _run_one(cfg: TrainConfig, variant: Variant, policies: _PolicySource, log: C
     # step -> (digest, task indices); a resumed run redraws the steps after its checkpoint, the same ones
     steps: dict[str, Any] = json.loads(tasks_file.read_text()) if resume else {}
 
-    def on_step(step: int, batch: Any, row: dict[str, float]) -> None:
-        steps[str(step)] = _prompt_digest(batch)
-        tasks_file.write_text(json.dumps(steps))
+    class RecordTasks(TrainerEvents):   # which tasks each step drew, for the "same tasks" check
+        def step_done(self, trainer: Any, batch: Any, row: dict[str, float]) -> None:
+            steps[str(trainer.step)] = _prompt_digest(batch)
+            tasks_file.write_text(json.dumps(steps))
 
     t0 = time.perf_counter()
     if variant.algo == "trl-grpo":
         result = run_trl_grpo(cfg, policies.fresh(cfg), log=log)
     else:
-        trainer = Trainer(cfg, policy=policies.fresh(cfg), log=log, on_step=on_step)
+        trainer = Trainer(cfg, policy=policies.fresh(cfg), log=log, events=[RecordTasks(), *events])
         if before is not None and not resume:
             trainer.use_before_eval(*before)
         result = trainer.train(resume=resume, overwrite=not resume)
@@ -205,8 +208,12 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
             config: str | Path | None = None, overrides: Sequence[str] = (), out_dir: str | Path = "runs/compare",
             keep_checkpoints: bool = False, resume: bool = False, threshold: float = 0.8,
             log: Callable[[str], None] = print, overwrite: bool = False, report_only: bool = False,
-            primary: str | None = None, exploratory: Sequence[str] = ()) -> dict[str, Any]:
+            primary: str | None = None, exploratory: Sequence[str] = (),
+            events: Sequence[TrainerEvents] = ()) -> dict[str, Any]:
     """Run every variant on every seed and write the comparison artifacts into ``out_dir``.
+
+    ``events``: subscribers to every run's trainer events (:mod:`agentgym.algorithms.events`; the command
+    line passes the HTML trajectory report's).
 
     ``primary``: the metric the comparison is about, declared before it runs (default: held-out success
     after training on the eval split; :func:`~agentgym.algorithms.compare_arms.declare_metrics`); a
@@ -252,7 +259,7 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
         out.mkdir(parents=True, exist_ok=True)
         (out / DECLARATION_FILE).write_text(json.dumps(declared, indent=1))    # before the first run starts
         records = _run_all(configs, resume=resume, keep_checkpoints=keep_checkpoints, log=log,
-                           primary=declared["primary"])
+                           primary=declared["primary"], events=events)
     _warn_mixed_commits(records, log)
     return _report(out, records, variants, base, seeds, steps, threshold, declared, log)
 
@@ -350,7 +357,7 @@ def _finished_runs(configs: Sequence[tuple[Variant, TrainConfig]], variants: Seq
 
 
 def _run_all(configs: Sequence[tuple[Variant, TrainConfig]], *, resume: bool, keep_checkpoints: bool,
-             log: Callable[[str], None], primary: str) -> list[RunRecord]:
+             log: Callable[[str], None], primary: str, events: Sequence[TrainerEvents] = ()) -> list[RunRecord]:
     """Every planned run in order; with ``resume``, a finished run with an unchanged config is reused. Each
     new run's ``compare_run.json`` records the declared ``primary`` metric."""
     policies = _PolicySource()
@@ -370,7 +377,7 @@ def _run_all(configs: Sequence[tuple[Variant, TrainConfig]], *, resume: bool, ke
         ckpt = _resumable(cfg) if resume and v.algo != "trl-grpo" else None
         log(f"{head} -> {cfg.output_dir}" + (f" (going on from {ckpt.name})" if ckpt is not None else ""))
         rec = _run_one(cfg, v, policies, log, before=None if v.algo == "trl-grpo" else befores.get(key),
-                       resume=ckpt is not None)
+                       resume=ckpt is not None, events=events)
         if rec.before and key not in befores:
             befores[key] = (rec.before, f"{v.label} seed {cfg.seed}")
         if not keep_checkpoints:

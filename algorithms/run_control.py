@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["latest_checkpoint", "checkpoint_step", "finished_run", "interrupted_run", "discard_unstarted",
+__all__ = ["prune_checkpoints", "rng_state", "set_rng_state", "save_model_quietly", "latest_checkpoint", "checkpoint_step", "finished_run", "interrupted_run", "discard_unstarted",
            "TrainingInterrupted", "WholeSteps", "release_memory", "rss_bytes"]
 
 
@@ -16,6 +16,56 @@ def latest_checkpoint(out: str | Path) -> Path | None:
     """The newest ``checkpoints/step_N`` of a run directory, or None."""
     ckpts = sorted((Path(out) / "checkpoints").glob("step_*[0-9]"))
     return ckpts[-1] if ckpts else None
+
+
+def prune_checkpoints(out: str | Path, keep: int) -> None:
+    """Keep the newest ``keep`` checkpoints of a run; of those, only the newest keeps its optimizer state
+    (the bulk of a checkpoint; resuming needs only the newest), the older ones weights only."""
+    import shutil
+
+    import torch
+    ckpts = sorted((Path(out) / "checkpoints").glob("step_*[0-9]"))
+    for old in ckpts[: max(0, len(ckpts) - keep)]:
+        shutil.rmtree(old)
+    for old in ckpts[max(0, len(ckpts) - keep):-1]:
+        state = old / "state.pt"
+        if state.exists():
+            light = torch.load(state, weights_only=False)
+            if "learner" in light:
+                torch.save({"step": light["step"], "resumable": False}, state)
+
+
+def rng_state() -> dict[str, Any]:
+    """torch's, numpy's and Python's global RNG states, for a checkpoint (a resumed run draws the same)."""
+    import random
+
+    import numpy as np
+    import torch
+    return {"torch_rng": torch.get_rng_state(), "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` saved."""
+    import random
+
+    import numpy as np
+    import torch
+    torch.set_rng_state(state["torch_rng"])
+    np.random.set_state(state["numpy_rng"])
+    random.setstate(state["python_rng"])
+
+
+def save_model_quietly(model: Any, path: Path, state_dict: Any = None) -> None:
+    """``model.save_pretrained(path)`` (with ``state_dict`` when given: FSDP's gathered weights) without
+    transformers' shard progress bar, which would break the training bar."""
+    from transformers.utils import logging as hf_logging
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path, **({"state_dict": state_dict} if state_dict is not None else {}))
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def checkpoint_step(ckpt: Path | None) -> int:

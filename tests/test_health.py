@@ -94,8 +94,9 @@ def test_a_run_logs_health_marks_alarms_and_reports_them(tmp_path):
         "eval.episodes=2", "steps=2", "learner.micro_batch_size=4", "tensorboard=false", "env=Arithmetic-v0",
         "env_kwargs={hard_fraction: 0.0, max_turns: 2}", f"output_dir={tmp_path / 'run'}",
         "health.no_signal_steps=1", "health.no_signal_share=0.5", "health.template_mi=true"])
+    from agentgym.app.run_reports import TrajectoryReport
     logged: list[str] = []
-    trainer = Trainer(cfg, log=logged.append)
+    trainer = Trainer(cfg, log=logged.append, events=[TrajectoryReport()])
     trainer.train()
     out = tmp_path / "run"
     with (out / "train_log.csv").open() as f:

@@ -131,6 +131,7 @@ class FlakyServiceEnv(AgentEnv):
 
 
 def test_marked_episodes_never_reach_the_loss(tmp_path, flaky_url):
+    from agentgym.algorithms.events import TrainerEvents
     from agentgym.algorithms.trainer import TrainConfig, Trainer
     from agentgym.config import load_config
 
@@ -142,12 +143,15 @@ def test_marked_episodes_never_reach_the_loss(tmp_path, flaky_url):
             "group_size=4", "steps=1", "sampling.max_new_tokens=6", "eval.episodes=2", "learner.micro_batch_size=8",
             "tensorboard=false", "eval.env_kwargs={}", f"output_dir={tmp_path / 'run'}"])
         logged: list[str] = []
-        trainer = Trainer(cfg, log=logged.append)
-        seen: list[list] = []
         batches: list[list] = []
+
+        class KeepBatches(TrainerEvents):
+            def step_done(self, trainer, batch, row):
+                batches.append(list(batch.trajectories))
+        trainer = Trainer(cfg, log=logged.append, events=[KeepBatches()])
+        seen: list[list] = []
         update = trainer.learner.update
         trainer.learner.update = lambda trajectories: (seen.append(list(trajectories)), update(trajectories))[1]
-        trainer.on_step = lambda step, batch, row: batches.append(list(batch.trajectories))
         history = trainer.train()["history"]
     finally:
         del gym.registry[env_id]

@@ -255,7 +255,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from agentgym.config import to_dict
-    from agentgym.app.evaluation import evaluate, paired_difference, show_generating, task_summary
+    from agentgym.app.evaluation import evaluate, paired_difference, task_summary
+    from agentgym.progress import GeneratingPostfix
     from agentgym.rollout import summarize
     cfg = _eval_config(args)
     env_id = require_env(cfg.env)
@@ -266,6 +267,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     set_threads(getattr(args, "threads", None), verbose=True)
     policy = load_policy(cfg.policy, env_id, device=cfg.device, backend=cfg.backend)
     with tqdm(total=cfg.episodes * cfg.group_size, desc=f"eval {env_id}", unit="ep") as bar:
+        postfix = GeneratingPostfix(bar)
+
         def progress(new: int, so_far: list[Any]) -> None:
             bar.update(len(so_far) - bar.n)
             if so_far:
@@ -273,7 +276,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         def on_turn(done: int, tokens: int, generating: tuple[int, int] | None = None) -> None:
             bar.update(done - bar.n)                  # live: every turn, and every decode step with hf
-            show_generating(bar, tokens, generating)
+            postfix(tokens, generating)
         result = evaluate(policy, cfg, env_id, progress=progress, on_turn=on_turn)
     split = result.env_kwargs.get("split", "-")
     title = f"{env_id} (split {split}) · policy {cfg.policy} · {len(result.trajectories)} episodes"

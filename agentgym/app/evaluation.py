@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -231,16 +230,6 @@ def env_takes_split(env_id: str) -> bool:
     except (TypeError, ValueError):
         return False
     return "split" in params
-
-
-def show_generating(bar: Any, tokens: int, generating: tuple[int, int] | None, min_interval_s: float = 0.5) -> None:
-    """Put a generate call's live progress on a tqdm bar's postfix, redrawn at most every ``min_interval_s``
-    (the engine reports every decode step; a log file should not get a line per token)."""
-    now = f"generating: {generating[0]}/{generating[1]} answers done, " if generating else ""
-    bar.set_postfix_str(f"{now}{tokens} tokens generated", refresh=False)
-    if time.monotonic() - getattr(bar, "_agentgym_drawn", 0.0) >= min_interval_s:
-        bar._agentgym_drawn = time.monotonic()
-        bar.refresh()
 
 
 def evaluate(policy: Any, cfg: EvalRunConfig, env_id: str,

@@ -102,7 +102,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"[train] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.steps} steps x "
               f"{cfg.groups_per_step}x{cfg.group_size} episodes -> {cfg.output_dir}")
     try:
-        result = Trainer(cfg).train(resume=args.resume, prepared=prepared)
+        from agentgym.app.run_reports import TrajectoryReport
+        result = Trainer(cfg, events=[TrajectoryReport()]).train(resume=args.resume, prepared=prepared)
     except TrainingInterrupted as stop:
         if stop.checkpoint is None and stop.step == 0 and not args.resume:   # its folder was emptied
             print(f"\n[train] interrupted before the first step finished: nothing was kept. Run the same command "
@@ -158,12 +159,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                           overwrite=args.overwrite))
     set_threads(args.threads, verbose=False)  # compare's own first line reports the setup
     from agentgym.algorithms.run_control import ServiceOutage
+    from agentgym.app.run_reports import TrajectoryReport
     try:
         result = compare(args.algos, _int_list(args.seeds, "--seeds"), steps, env=args.env, config=args.config,
                          overrides=args.overrides, out_dir=args.out, keep_checkpoints=args.keep_checkpoints,
                          resume=args.resume, threshold=args.threshold, overwrite=args.overwrite,
                          report_only=args.report_only, primary=args.primary,
-                         exploratory=[m.strip() for m in args.exploratory.split(",") if m.strip()])
+                         exploratory=[m.strip() for m in args.exploratory.split(",") if m.strip()],
+                         events=[TrajectoryReport()])
     except ServiceOutage as stop:   # the finished runs are kept; the stopped one goes on from its checkpoint
         typed = getattr(args, "argv", [])
         given = "--out" in typed or any(w.startswith("--out=") for w in typed)

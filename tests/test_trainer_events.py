@@ -1,0 +1,78 @@
+"""The trainer reports through events and never calls the application: a subscriber sees every step, each
+eval, each checkpoint and the end of the run, in order; the HTML report is written only by the app's
+subscriber; and a test reads the imports so that no part (algorithms, policies, envs) imports the app."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from agentgym.algorithms.events import TrainerEvents
+from agentgym.algorithms.trainer import TrainConfig, Trainer
+from agentgym.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Recorder(TrainerEvents):
+    def __init__(self):
+        self.seen: list[tuple] = []
+
+    def step_done(self, trainer, batch, row):
+        self.seen.append(("step", int(row["step"]), len(batch.trajectories)))
+
+    def eval_done(self, trainer, tag, metrics, trajectories):
+        self.seen.append(("eval", tag, len(trajectories)))
+
+    def checkpoint_saved(self, trainer, path):
+        self.seen.append(("checkpoint", Path(path).name))
+
+    def run_done(self, trainer, eval_trajectories):
+        self.seen.append(("done", len(eval_trajectories), (trainer.out / "curves.png").exists()))
+
+
+def test_a_subscriber_sees_the_run_in_order_and_no_html_is_written_without_the_app(tmp_path):
+    cfg = load_config(TrainConfig, overrides=[
+        "model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4",
+        "eval.episodes=2", "steps=2", "checkpoint_every=2", "learner.micro_batch_size=4", "tensorboard=false",
+        "env=Arithmetic-v0", f"output_dir={tmp_path / 'run'}"])
+    rec = Recorder()
+    Trainer(cfg, log=lambda _: None, events=[rec]).train()
+    kinds = [e[0] for e in rec.seen]
+    assert kinds[0] == "eval" and rec.seen[0][1] == "before"
+    assert [e for e in rec.seen if e[0] == "step"] == [("step", 1, 4), ("step", 2, 4)]
+    assert ("checkpoint", "step_000002") in rec.seen
+    assert rec.seen[-1] == ("done", 2, True) and ("eval", "after", 2) in rec.seen
+    assert kinds.index("done") == len(kinds) - 1
+    assert not (tmp_path / "run" / "eval_trajectories.html").exists()   # the app's subscriber writes it
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_no_part_imports_the_app():
+    offenders = []
+    for part in ("algorithms", "policies", "envs"):
+        for path in sorted((ROOT / part).rglob("*.py")):
+            bad = sorted(m for m in _imports(path) if m == "agentgym.app" or m.startswith("agentgym.app."))
+            if bad:
+                offenders.append(f"{path.relative_to(ROOT)}: {', '.join(bad)}")
+    assert not offenders, "parts import the application:\n" + "\n".join(offenders)
+
+
+def test_the_kernel_imports_no_concrete_part():
+    offenders = []
+    for path in sorted((ROOT / "agentgym").glob("*.py")):
+        bad = sorted(m for m in _imports(path)
+                     if m.split(".")[:2] in (["agentgym", "envs"], ["agentgym", "policies"], ["agentgym", "algorithms"],
+                                             ["agentgym", "app"]))
+        if bad:
+            offenders.append(f"{path.relative_to(ROOT)}: {', '.join(bad)}")
+    assert not offenders, "the kernel imports concrete parts:\n" + "\n".join(offenders)
