@@ -251,21 +251,14 @@ def _prepare_outputs(cfg: Any) -> None:
             Path(path).unlink()
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
+def _evaluate_with_bar(policy: Any, cfg: Any, env_id: str) -> Any:
+    """:func:`~agentgym.app.evaluation.evaluate` under a live bar: episodes done, the running success, and
+    while a batch generates its sequences and tokens."""
     from tqdm import tqdm
 
-    from agentgym.config import to_dict
-    from agentgym.app.evaluation import evaluate, paired_difference, task_summary
+    from agentgym.app.evaluation import evaluate
     from agentgym.progress import GeneratingPostfix
     from agentgym.rollout import summarize
-    cfg = _eval_config(args)
-    env_id = require_env(cfg.env)
-    check_env_arguments(env_id, cfg.env_kwargs)   # names, types, and a reward given as data resolves
-    check_model(cfg.policy, "policy")             # a mistyped folder or hub id: at once, before torch imports
-    baseline = _eval_baseline(cfg, env_id)  # before the eval: a wrong file is said at once, not after it
-    _prepare_outputs(cfg)
-    set_threads(getattr(args, "threads", None), verbose=True)
-    policy = load_policy(cfg.policy, env_id, device=cfg.device, backend=cfg.backend)
     with tqdm(total=cfg.episodes * cfg.group_size, desc=f"eval {env_id}", unit="ep") as bar:
         postfix = GeneratingPostfix(bar)
 
@@ -277,7 +270,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
         def on_turn(done: int, tokens: int, generating: tuple[int, int] | None = None) -> None:
             bar.update(done - bar.n)                  # live: every turn, and every decode step with hf
             postfix(tokens, generating)
-        result = evaluate(policy, cfg, env_id, progress=progress, on_turn=on_turn)
+        return evaluate(policy, cfg, env_id, progress=progress, on_turn=on_turn)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from agentgym.config import to_dict
+    from agentgym.app.evaluation import paired_difference, task_summary
+    cfg = _eval_config(args)
+    env_id = require_env(cfg.env)
+    check_env_arguments(env_id, cfg.env_kwargs)   # names, types, and a reward given as data resolves
+    check_model(cfg.policy, "policy")             # a mistyped folder or hub id: at once, before torch imports
+    baseline = _eval_baseline(cfg, env_id)  # before the eval: a wrong file is said at once, not after it
+    _prepare_outputs(cfg)
+    set_threads(getattr(args, "threads", None), verbose=True)
+    policy = load_policy(cfg.policy, env_id, device=cfg.device, backend=cfg.backend)
+    result = _evaluate_with_bar(policy, cfg, env_id)
     split = result.env_kwargs.get("split", "-")
     title = f"{env_id} (split {split}) · policy {cfg.policy} · {len(result.trajectories)} episodes"
     if result.sandbox:

@@ -75,10 +75,23 @@ def _say_finished(out: str, steps: int, evals: dict[str, Any]) -> None:
           f"further, raise steps (e.g. steps={2 * steps} --resume); to start again, --overwrite or another output_dir.")
 
 
+def _interrupted_message(stop: Any, args: argparse.Namespace, out: str) -> str:
+    """What Ctrl-C during ``train`` leaves, and the command that goes on (or starts over)."""
+    if stop.checkpoint is None and stop.step == 0 and not args.resume:   # its folder was emptied
+        return (f"\n[train] interrupted before the first step finished: nothing was kept. Run the same command "
+                f"again to start it in {out}.")
+    if stop.checkpoint is None:
+        return (f"\n[train] interrupted at step {stop.step}, before the first checkpoint: nothing to continue "
+                f"from. `{_resume_command(args, out)}` starts it over in {out}.")
+    return (f"\n[train] interrupted at step {stop.step}; checkpoint {stop.checkpoint}. Continue with:\n"
+            f"  {_resume_command(args, out)}")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from agentgym.algorithms.run_control import ServiceOutage
     from agentgym.algorithms.trainer import (TrainConfig, Trainer, TrainingInterrupted, finished_run, interrupted_run,
                                            latest_checkpoint)
+    from agentgym.app.run_reports import TrajectoryReport
     from agentgym.config import ConfigError, load_config
     from agentgym.runs import prepare_output_dir
     cfg = load_config(TrainConfig, args.config, args.overrides)
@@ -102,19 +115,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"[train] {cfg.algo} on {cfg.env} with {cfg.model}: {cfg.steps} steps x "
               f"{cfg.groups_per_step}x{cfg.group_size} episodes -> {cfg.output_dir}")
     try:
-        from agentgym.app.run_reports import TrajectoryReport
         result = Trainer(cfg, events=[TrajectoryReport()]).train(resume=args.resume, prepared=prepared)
     except TrainingInterrupted as stop:
-        if stop.checkpoint is None and stop.step == 0 and not args.resume:   # its folder was emptied
-            print(f"\n[train] interrupted before the first step finished: nothing was kept. Run the same command "
-                  f"again to start it in {cfg.output_dir}.", file=sys.stderr)
-        elif stop.checkpoint is None:
-            print(f"\n[train] interrupted at step {stop.step}, before the first checkpoint: nothing to continue "
-                  f"from. `{_resume_command(args, cfg.output_dir)}` starts it over in {cfg.output_dir}.",
-                  file=sys.stderr)
-        else:
-            print(f"\n[train] interrupted at step {stop.step}; checkpoint {stop.checkpoint}. Continue with:\n"
-                  f"  {_resume_command(args, cfg.output_dir)}", file=sys.stderr)
+        print(_interrupted_message(stop, args, cfg.output_dir), file=sys.stderr)
         return 130
     except ServiceOutage as stop:
         return _say_outage(stop, _resume_command(args, cfg.output_dir))
