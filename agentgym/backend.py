@@ -2,8 +2,7 @@
 
 It lives in the kernel so that the rollout engine can talk to any policy without importing a concrete
 backend (the kernel imports nothing from ``agentgym.policies``); the backends themselves, their
-registry and the loader live in :mod:`agentgym.policies`, which imports this module (also under its
-old name, :mod:`agentgym.policies.backend`).
+registry and the loader live in :mod:`agentgym.policies`, which imports this module.
 
 A :class:`Backend` generates (a :class:`TokenBackend`: ``generate`` with a tokenizer; a
 :class:`ChatBackend`: ``respond``, for a chat-only endpoint),

@@ -22,7 +22,7 @@ from agentgym.errors import InfraError
 from agentgym.rewards import Reward, StepEvent, StepRecord, exact_match, resolve_reward
 from agentgym.spaces import Message, MessageList, UnicodeText
 
-__all__ = ["AgentEnv", "InfraError", "Transition"]
+__all__ = ["AgentEnv", "Transition"]
 
 
 @dataclass

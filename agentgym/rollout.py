@@ -35,16 +35,15 @@ from agentgym.backend import as_backend, tokenizer_of
 from agentgym.formatting import Formatter, make_formatter
 from agentgym.policy import Generation
 from agentgym.rewards import apply_group_reward
-from agentgym.rollout_config import ROLLOUT_ALIASES, ROLLOUT_MODES, RolloutConfig, RolloutViews
-from agentgym.rollout_metrics import episode_values, summarize, summarize_std
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout_metrics import summarize
 from agentgym.threads import recheck as recheck_threads
 from agentgym.trajectory import Trajectory
 from agentgym.turns import ChatTurns, TokenTurns, _Episode, apply_cut_after, env_attr, reset_with_tools
 
 # RolloutConfig (rollout_config.py), the turns (turns.py) and the metrics (rollout_metrics.py) are
 # importable from here too: this is the module users know the engine by.
-__all__ = ["RolloutProgress", "RolloutConfig", "RolloutViews", "ROLLOUT_ALIASES", "ROLLOUT_MODES", "RolloutBatch", "RolloutEngine",
-           "TokenTurns", "ChatTurns", "env_attr", "summarize", "summarize_std", "episode_values"]
+__all__ = ["RolloutProgress", "RolloutBatch", "RolloutEngine"]
 
 
 @dataclass

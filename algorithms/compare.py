@@ -72,16 +72,13 @@ from agentgym.algorithms.catalog import learner_needs_groups
 from agentgym.algorithms.compare_arms import (DECLARATION_FILE, EXTERNAL_ALGOS, HARNESS_KEYS, CompareError, RunRecord,
                                               Variant, _check_env, _PolicySource, _resolve, declare_metrics,
                                               parse_variants, run_commits)
-from agentgym.algorithms.compare_report import (CSV_COLUMNS, _check_same_tasks, _g, _json_default,  # noqa: F401
-                                                is_negative_control, markdown_table, plot_comparison,
-                                                summarize_runs, write_artifacts, write_csv)
+from agentgym.algorithms.compare_report import _check_same_tasks, _g, summarize_runs, write_artifacts
 from agentgym.algorithms.run_control import latest_checkpoint, release_memory
-from agentgym.algorithms.trainer import TrainConfig, Trainer
+from agentgym.algorithms.config import TrainConfig
+from agentgym.algorithms.trainer import Trainer
 
 # the arms (compare_arms.py) and the report (compare_report.py) are importable from here too
-__all__ = ["Variant", "RunRecord", "CompareError", "parse_variants", "compare", "run_trl_grpo", "CSV_COLUMNS",
-           "EXTERNAL_ALGOS", "summarize_runs", "markdown_table", "write_csv", "plot_comparison",
-           "is_negative_control", "write_artifacts"]
+__all__ = ["compare", "run_trl_grpo"]
 
 
 def _prompt_digest(batch: Any) -> tuple[str, list[int | None]]:

@@ -19,7 +19,7 @@ from agentgym.config import load_config
 
 from agentgym.algorithms.catalog import LEARNERS
 from agentgym.algorithms.config import LearnerConfig
-from agentgym.algorithms.trainer import TrainConfig
+from agentgym.algorithms.config import TrainConfig
 
 __all__ = ["CompareError", "DECLARATION_FILE", "DEFAULT_PRIMARY", "EXTERNAL_ALGOS", "EXTERNAL_SETTINGS", "HARNESS_KEYS",
            "METRICS", "SHARED_KEYS", "RunRecord", "Variant", "declare_metrics", "metric_role", "parse_variants",

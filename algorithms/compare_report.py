@@ -24,9 +24,9 @@ from agentgym.stats import (diff_ci, format_ci, hierarchical_bootstrap_diff, mea
 from agentgym.algorithms.compare_arms import (RunRecord, Variant, metric_role, primary_lines, provenance_lines,
                                               run_commits)
 from agentgym.algorithms.compare_health import health_lines, health_summary
-from agentgym.algorithms.trainer import TrainConfig
+from agentgym.algorithms.config import TrainConfig
 
-__all__ = ["CSV_COLUMNS", "is_negative_control", "markdown_table", "plot_comparison", "run_commits", "summarize_runs",
+__all__ = ["CSV_COLUMNS", "is_negative_control", "markdown_table", "plot_comparison", "summarize_runs",
            "write_artifacts", "write_csv"]
 
 #: the metrics every comparison's table of differences has (the declared and exploratory ones are added)

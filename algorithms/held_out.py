@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from agentgym.rollout import RolloutConfig, RolloutEngine, RolloutProgress
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine, RolloutProgress
 from agentgym.rollout_metrics import task_groups, task_success
 
 from agentgym.algorithms.config import TrainConfig

@@ -49,7 +49,7 @@ from agentgym.algorithms.optim import adamw, apply_lora, enable_checkpointing, i
 from agentgym.algorithms.parallel import Parallel
 from agentgym.algorithms.learner_state import LearnerState
 
-__all__ = ["Learner", "learner_precision"]
+__all__ = ["Learner"]
 
 _SUMMED_STATS = ("policy_loss", "value_loss", "loss")  # already normalised by the minibatch totals
 
@@ -96,7 +96,7 @@ class Learner(LearnerState):
         self.separate_sampler = separate_sampler
         if cfg.schedule != "constant" and cfg.total_steps is None:
             raise ValueError(f"schedule {cfg.schedule!r} needs total_steps (the number of update calls)")
-        from agentgym.policies.backend import tokenizer_of
+        from agentgym.backend import tokenizer_of
         tok = tokenizer_of(policy)
         self.pad_id = int(getattr(tok, "pad_token_id", None) or 0)
         self._rng = torch.Generator().manual_seed(cfg.seed)

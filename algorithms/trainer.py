@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from agentgym.config import save_config
-from agentgym.rollout import RolloutEngine, RolloutProgress, summarize
+from agentgym.rollout import RolloutEngine, RolloutProgress
+from agentgym.rollout_metrics import summarize
 from agentgym.rollout_metrics import scored_episodes
 from agentgym.precision import resolve_precision
 from agentgym.threads import recheck as recheck_threads
@@ -37,14 +38,12 @@ from agentgym.algorithms.group_filter import GroupSampler
 from agentgym.algorithms.health import HealthMonitor, batch_health
 from agentgym.algorithms.overlap import Prefetcher
 from agentgym.algorithms.run_control import (ServiceOutage, TrainingInterrupted, WholeSteps, checkpoint_step,
-                                             discard_unstarted, finished_run, interrupted_run, latest_checkpoint,
-                                             prune_checkpoints, rng_state, save_model_quietly, set_rng_state)
-from agentgym.algorithms.config import EvalConfig, TrainConfig, torch_dtype
-from agentgym.algorithms.held_out import (eval_line, eval_rollout_config, held_out_eval, rollout_config, scored_eval,
-                                          task_successes)
+                                             discard_unstarted, latest_checkpoint, prune_checkpoints, rng_state,
+                                             save_model_quietly, set_rng_state)
+from agentgym.algorithms.config import TrainConfig, torch_dtype
+from agentgym.algorithms.held_out import (eval_line, eval_rollout_config, rollout_config, scored_eval)
 
-__all__ = ["TrainConfig", "EvalConfig", "train", "Trainer", "rollout_config", "eval_rollout_config", "held_out_eval",
-           "task_successes", "ServiceOutage", "TrainingInterrupted", "finished_run", "interrupted_run", "latest_checkpoint"]
+__all__ = ["train", "Trainer"]
 
 
 def _set_seed(seed: int) -> None:
@@ -484,7 +483,7 @@ class Trainer:
     def close(self) -> None:
         """Release a separate sampler (vLLM engine, Ray actors); a colocated policy stays usable."""
         if not self.colocated:
-            from agentgym.policies.backend import as_backend
+            from agentgym.backend import as_backend
             as_backend(self.policy).close()
 
     def write_artifacts(self) -> None:

@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
     torch.set_num_threads(args.threads)
-    from agentgym.algorithms.trainer import TrainConfig
+    from agentgym.algorithms.config import TrainConfig
     from agentgym.policies.loading import load_policy
     from agentgym.precision import cpu_identity
     from agentgym.rollout import RolloutEngine

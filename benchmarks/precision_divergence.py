@@ -30,10 +30,11 @@ def main() -> None:
     import torch
     torch.set_num_threads(args.threads)
     from agentgym.algorithms import LearnerConfig, make_learner
-    from agentgym.algorithms.trainer import TrainConfig
+    from agentgym.algorithms.config import TrainConfig
     from agentgym.policies.loading import load_policy
     from agentgym.precision import cpu_identity, resolve_precision
-    from agentgym.rollout import RolloutConfig, RolloutEngine
+    from agentgym.rollout_config import RolloutConfig
+    from agentgym.rollout import RolloutEngine
 
     cfg = TrainConfig()
     rows = []

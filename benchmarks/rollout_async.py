@@ -38,7 +38,8 @@ import torch
 
 import agentgym
 from agentgym.policy import SamplingParams
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 
 #: name -> (env id, env kwargs, new tokens per turn: enough for SmolLM2 to close a code block on CodeExec)
 ENVS: dict[str, tuple[str, dict[str, Any], int]] = {
@@ -73,7 +74,8 @@ def load(policy: str, backend: str, env_id: str, cache: dict[tuple[str, str], An
     if policy == "scripted":
         return scripted_policy(env_id) if backend == "hf" else None
     if (policy, backend) not in cache:
-        from agentgym.policies.loading import load_policy, resolve_backend
+        from agentgym.policies.loading import load_policy
+        from agentgym.policies.registry import resolve_backend
         notes: list[str] = []
         engine, options = ("hf", {"reuse_kv": False}) if backend == "hf-nokv" else (backend, {})
         if resolve_backend(engine, notice=notes.append) != engine:

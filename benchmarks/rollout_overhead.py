@@ -22,7 +22,8 @@ import time
 import agentgym  # noqa: F401
 from agentgym.formatting import make_formatter
 from agentgym.policy import SamplingParams
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 from agentgym.policies.models import load_tokenizer
 
 TURNS = 16

@@ -114,7 +114,8 @@ def ray_rollouts(episodes: int, sandbox: str) -> list[dict]:
     from agentgym.policies.loading import load_tokenizer_for
     from agentgym.policies.scripted import ScriptedPolicy
     from agentgym.ray_envs import ensure_ray
-    from agentgym.rollout import RolloutConfig, RolloutEngine
+    from agentgym.rollout_config import RolloutConfig
+    from agentgym.rollout import RolloutEngine
     ensure_ray(num_cpus=os.cpu_count() or 2)
     oracle = agentgym.make("CodeExec-v0", sandbox=sandbox).unwrapped.oracle
     rows = []

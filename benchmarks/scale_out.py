@@ -38,7 +38,8 @@ def bench_envs(episodes: int) -> dict:
     from agentgym.policies.loading import load_tokenizer_for
     from agentgym.policies.scripted import ScriptedPolicy
     from agentgym.ray_envs import make_ray_envs
-    from agentgym.rollout import RolloutConfig, RolloutEngine
+    from agentgym.rollout_config import RolloutConfig
+    from agentgym.rollout import RolloutEngine
     oracle = agentgym.make("CodeExec-v0").unwrapped.oracle
     out = {}
     for backend in ("thread", "ray"):

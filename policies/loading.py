@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["trainer_checkpoint", "load_trained_policy", "load_tokenizer_for", "export_model", "load_policy",
-           "POLICY_BACKENDS", "check_model_spec", "model_directory", "BackendUnavailable", "default_backend",
-           "resolve_backend"]
+           "check_model_spec", "model_directory"]
 
-from agentgym.policies.registry import (POLICY_BACKENDS, BackendUnavailable, backend_class, default_backend,
-                                       names_own_backend, require_registered, resolve_backend, spec_backend)
+from agentgym.policies.registry import (backend_class, names_own_backend, require_registered, resolve_backend,
+                                       spec_backend)
 
 TINY_RANDOM = "tiny-random"
 

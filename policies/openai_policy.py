@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from agentgym.parsing import parse_tool_calls, truncate_after_stop
-from agentgym.policies.backend import ChatBackend
+from agentgym.backend import ChatBackend
 from agentgym.policy import Generation, SamplingParams
 
 __all__ = ["OpenAIChatPolicy"]

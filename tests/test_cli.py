@@ -211,7 +211,7 @@ def test_an_unknown_env_is_a_usage_error_listing_the_ids_in_every_command(argv):
 def test_every_option_of_every_command_has_help():
     import argparse
 
-    from agentgym.app.cli import build_parser
+    from agentgym.app.parser import build_parser
 
     missing = []
 
@@ -244,7 +244,8 @@ def test_unknown_options_become_overrides_only_after_the_subcommand():
 
 
 def test_an_option_is_never_an_abbreviation_of_another():
-    from agentgym.app.cli import build_parser, parse_command_line
+    from agentgym.app.parser import build_parser
+    from agentgym.app.cli import parse_command_line
 
     args, extra = parse_command_line(build_parser(), ["compare", "--seed", "3", "--algos", "grpo"])
     assert (args.seeds, args.overrides, extra) == ("2", ["seed=3"], [])    # the config's seed, not --seeds 3

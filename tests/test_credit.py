@@ -263,7 +263,8 @@ def episodes():
     answers and the episode runs both turns), with hand-set step rewards."""
     from agentgym.policies.transformers_policy import TransformersPolicy
     from agentgym.policy import SamplingParams
-    from agentgym.rollout import RolloutConfig, RolloutEngine
+    from agentgym.rollout_config import RolloutConfig
+    from agentgym.rollout import RolloutEngine
     from fixtures_llm import cached_tokenizer
     torch.manual_seed(0)
     policy = TransformersPolicy.tiny_random(cached_tokenizer(), seed=1)

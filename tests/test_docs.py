@@ -186,7 +186,8 @@ def bash_agentgym_commands() -> list[tuple[str, list[str]]]:
 
 def check_command(argv: list[str]) -> str | None:
     """None when ``agentgym ARGV`` parses as the CLI would take it, else why not."""
-    from agentgym.app.cli import build_parser, parse_command_line
+    from agentgym.app.parser import build_parser
+    from agentgym.app.cli import parse_command_line
     from agentgym.config import load_config
     parser = build_parser()
     try:

@@ -24,7 +24,8 @@ def test_auto_precision_is_bf16_on_cuda_and_the_learner_updates_under_it():
     from agentgym.algorithms import LearnerConfig, make_learner
     from agentgym.policies.transformers_policy import TransformersPolicy
     from agentgym.policy import SamplingParams
-    from agentgym.rollout import RolloutConfig, RolloutEngine
+    from agentgym.rollout_config import RolloutConfig
+    from agentgym.rollout import RolloutEngine
     policy = TransformersPolicy.tiny_random(seed=0, device="cuda")
     learner = make_learner("grpo", policy, LearnerConfig(lr=1e-3), precision="auto")
     assert learner.precision.name == "bf16" and learner.precision.device_type == "cuda"

@@ -13,7 +13,8 @@ import pytest
 import agentgym
 from agentgym.envs.arithmetic import ArithmeticEnv
 from agentgym.policies.scripted import ScriptedPolicy
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 from agentgym.trajectory import Trajectory
 
 from agentgym.algorithms.group_filter import (GroupFilterConfig, GroupSampler, TaskDifficulty, fill_with_signal,
@@ -192,7 +193,8 @@ TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "
 
 
 def _trainer(tmp_path, name: str, *extra: str):
-    from agentgym.algorithms.trainer import TrainConfig, Trainer
+    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.trainer import Trainer
     from agentgym.config import load_config
     cfg = load_config(TrainConfig, overrides=[*TINY, f"output_dir={tmp_path / name}", *extra])
     lines: list[str] = []

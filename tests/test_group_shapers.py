@@ -17,7 +17,9 @@ import agentgym.rollout
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.rewards import (AnswerDiversity, GroupMember, GroupReward, GroupShaper, SharedWrongAnswer,
                               apply_group_reward, group_shaper)
-from agentgym.rollout import RolloutConfig, RolloutEngine, summarize
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
+from agentgym.rollout_metrics import summarize
 from agentgym.trajectory import Trajectory
 
 from fixtures_llm import tok  # noqa: F401  (fixture)

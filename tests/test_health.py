@@ -86,7 +86,8 @@ def test_health_section_embeds_curves_and_lists_alarms(tmp_path):
 
 
 def test_a_run_logs_health_marks_alarms_and_reports_them(tmp_path):
-    from agentgym.algorithms.trainer import TrainConfig, Trainer
+    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.trainer import Trainer
     from agentgym.config import load_config
 
     cfg = load_config(TrainConfig, overrides=[

@@ -132,7 +132,8 @@ class FlakyServiceEnv(AgentEnv):
 
 def test_marked_episodes_never_reach_the_loss(tmp_path, flaky_url):
     from agentgym.algorithms.events import TrainerEvents
-    from agentgym.algorithms.trainer import TrainConfig, Trainer
+    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.trainer import Trainer
     from agentgym.config import load_config
 
     FlakyServiceEnv.url = flaky_url
@@ -171,7 +172,7 @@ def test_an_eval_neither_passes_nor_fails_an_episode_a_service_failure_ended(fla
     """Held-out metrics leave marked episodes out of every rate and count them apart (issue 23)."""
     from agentgym.app.evaluation import EvalRunConfig, evaluate
     from agentgym.policies.scripted import ScriptedPolicy
-    from agentgym.rollout import summarize
+    from agentgym.rollout_metrics import summarize
     from fixtures_llm import cached_tokenizer
 
     FlakyServiceEnv.url = flaky_url
@@ -222,7 +223,9 @@ def test_a_service_down_for_whole_steps_stops_the_run_checkpointed_and_resume_fi
     the run stops with ServiceOutage and a checkpoint, instead of spending its whole budget on nothing, and
     --resume finishes it once the service is back."""
     from agentgym.algorithms.run_control import ServiceOutage
-    from agentgym.algorithms.trainer import TrainConfig, Trainer, latest_checkpoint
+    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.trainer import Trainer
+    from agentgym.algorithms.run_control import latest_checkpoint
     from agentgym.config import load_config
 
     env_id = agentgym.register("ServiceDown-v0", entry_point=ServiceDownEnv)
@@ -254,7 +257,8 @@ def test_a_service_down_for_whole_steps_stops_the_run_checkpointed_and_resume_fi
 
 def test_max_outage_steps_zero_never_stops_and_a_partial_outage_does_not_count(tmp_path):
     from agentgym.algorithms.health import HealthConfig
-    from agentgym.algorithms.trainer import TrainConfig, Trainer
+    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.trainer import Trainer
     from agentgym.config import load_config
     with pytest.raises(ValueError, match="max_outage_steps must be >= 0"):
         HealthConfig(max_outage_steps=-1)

@@ -20,14 +20,15 @@ from agentgym.algorithms import (ADVANTAGES, LEARNERS, OBJECTIVES, CISPOConfig, 
                                  compose_config, make_learner, register_advantage, register_learner,
                                  register_objective, resolve_config)
 from agentgym.algorithms.batch import Batch
-from agentgym.algorithms.compare import parse_variants
+from agentgym.algorithms.compare_arms import parse_variants
 from agentgym.algorithms.catalog import learner_needs_groups
 from agentgym.algorithms.objectives import (ClipObjective, CISPOObjective, DualClipObjective, GSPOObjective,
                                             PolicyObjective)
 from agentgym.app.cli import main
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse fixture)
 
@@ -117,7 +118,7 @@ def test_the_flat_config_resolves_into_typed_configs():
 
 
 def test_flat_yaml_section_with_new_keys_loads_through_the_train_config():
-    from agentgym.algorithms.trainer import TrainConfig
+    from agentgym.algorithms.config import TrainConfig
     from agentgym.config import load_config
     cfg = load_config(TrainConfig, None, ["algo=gspo", "learner.credit=turn", "learner.gamma=0.9",
                                           "learner.extra.cap=3", "learner.loss_token_kinds=[policy]"])

@@ -19,7 +19,8 @@ from agentgym.algorithms import (GRPOLearner, LearnerConfig, LoraSettings, PPOLe
 from agentgym.algorithms.losses import LOSS_AGG_MODES
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 from agentgym.trajectory import Trajectory
 
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse fixture)

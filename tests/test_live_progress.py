@@ -8,7 +8,8 @@ from fixtures_llm import one_torch_thread  # noqa: F401  (autouse: one torch thr
 
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 
 
 def test_hf_generate_reports_every_decode_step_and_generates_the_same_ids():

@@ -19,7 +19,8 @@ from agentgym.algorithms.losses import (LossSettings, aggregate, cispo_surrogate
 from agentgym.algorithms import OBJECTIVES, GRPOConfig
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse fixture)
 

@@ -12,7 +12,8 @@ import pytest
 from agentgym.parsing import parse_tool_calls
 from agentgym.policies.openai_policy import OpenAIChatPolicy
 from agentgym.policy import ChatPolicy, SamplingParams
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 
 from helpers_openai_server import LoopbackServer, ScriptedChatServer
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from agentgym.algorithms.overlap import Collected, Prefetcher
-from agentgym.algorithms.trainer import TrainConfig, Trainer
+from agentgym.algorithms.config import TrainConfig
+from agentgym.algorithms.trainer import Trainer
 from agentgym.config import ConfigError, load_config
 
 TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4",

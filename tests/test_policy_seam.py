@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from agentgym.algorithms import LearnerConfig, LoraSettings, make_learner
-from agentgym.policies.loading import POLICY_BACKENDS, BackendUnavailable, load_policy, resolve_backend
+from agentgym.policies.registry import POLICY_BACKENDS, BackendUnavailable, resolve_backend
+from agentgym.policies.loading import load_policy
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 
 ENV = "Math-v0"
 ENV_KWARGS = {"kinds": ["arithmetic"], "difficulty": 0, "max_turns": 1}

@@ -17,7 +17,8 @@ from agentgym.policies.loading import load_tokenizer_for  # noqa: E402
 from agentgym.policies.scripted import ScriptedPolicy  # noqa: E402
 from agentgym.policies.transformers_policy import TransformersPolicy  # noqa: E402
 from agentgym.policy import SamplingParams  # noqa: E402
-from agentgym.rollout import RolloutConfig, RolloutEngine  # noqa: E402
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")   # tests/conftest.py: a local Ray cluster

@@ -19,7 +19,8 @@ from agentgym.envs.react import DEFAULT_WEIGHTS, REACT_SYSTEM_PROMPT, ReActEnv
 from agentgym.policies.models import load_tokenizer
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.rewards import exact_match, normalize_answer
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 
 ENV_ID = "agentgym/ReAct-v0"
 if ENV_ID not in gym.registry:  # until the built-in table lists it; harmless afterwards

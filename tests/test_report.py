@@ -27,8 +27,10 @@ import agentgym.rollout
 from agentgym.policies.models import load_tokenizer
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.policy import Generation
-from agentgym.app.report import token_pieces, write_html_report
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.app.report_tokens import token_pieces
+from agentgym.app.report import write_html_report
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 from agentgym.trajectory import TrajectoryBuilder
 
 CHROMIUM = "/usr/bin/chromium"

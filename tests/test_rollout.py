@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 import agentgym
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.policy import Generation, SamplingParams, cut_at_stop
-from agentgym.rollout import RolloutConfig, RolloutEngine, summarize
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
+from agentgym.rollout_metrics import summarize
 from agentgym.trajectory import Trajectory, check_trajectory
 
 from fixtures_llm import (COVERAGE_ENV, ENV_IDS, STYLES, UNICODE_ACTIONS,  # noqa: F401  (fixtures)

@@ -25,7 +25,9 @@ import agentgym
 from agentgym import AgentEnv, Reward, Transition, shaper
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.policy import Generation, SamplingParams
-from agentgym.rollout import RolloutConfig, RolloutEngine, env_attr
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
+from agentgym.turns import env_attr
 
 from fixtures_llm import (RecordingPolicy, assert_faithful, one_torch_thread, tiny_policy,  # noqa: F401  (fixtures)
                           tok)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")   # tests/conftest.py: a loc
 def _services() -> list[str]:
     from ray.util import list_named_actors
 
-    from agentgym.envs.sandbox.ray_service import SERVICE_NAMESPACE
+    from agentgym.ray_envs import SERVICE_NAMESPACE
     return [a["name"] for a in list_named_actors(all_namespaces=True)
             if a.get("namespace") == SERVICE_NAMESPACE and a["name"].startswith("sandbox-")]
 

@@ -16,11 +16,13 @@ import torch
 
 import agentgym
 from agentgym.algorithms import LearnerConfig, make_learner
-from agentgym.algorithms.trainer import TrainConfig, Trainer
+from agentgym.algorithms.config import TrainConfig
+from agentgym.algorithms.trainer import Trainer
 from agentgym.config import ConfigError, load_config
 from agentgym.envs.retrieval import BackgroundServer, create_app
 from agentgym.envs.searchqa.data import bundled_dataset, save_search_r1_parquet, to_search_r1_rows
-from agentgym.envs.searchqa.env import get_retriever, make_search_r1_prompt
+from agentgym.envs.retrieval.shared import get_retriever
+from agentgym.envs.searchqa.env import make_search_r1_prompt
 from agentgym.policies.transformers_policy import TransformersPolicy
 
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse fixture)

@@ -28,14 +28,14 @@ from agentgym.envs.retrieval import BackgroundServer, create_app, get_retriever
 from agentgym.envs.retrieval.dense import default_model_path
 from agentgym.envs.retrieval.prebuilt import SearchR1IndexRetriever
 from agentgym.envs.searchqa.data import load_search_r1_parquet, save_search_r1_parquet, to_search_r1_rows
-from agentgym.envs.searchqa.env import (
-    RAG_PROMPT, SEARCH_R1_PROMPT, SearchQAEnv, format_passages, make_search_r1_prompt, score_search_r1,
-    search_r1_cut,
-)
+from agentgym.envs.searchqa.env import RAG_PROMPT, SEARCH_R1_PROMPT, SearchQAEnv, make_search_r1_prompt
+from agentgym.envs.retrieval.base import format_passages
+from agentgym.envs.searchqa.scoring import score_search_r1, search_r1_cut
 from agentgym.policies.models import load_tokenizer
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.rewards import normalize_answer
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 
 EVALUATE = Path(__file__).resolve().parents[1] / "benchmarks" / "search_r1" / "evaluate.py"
 

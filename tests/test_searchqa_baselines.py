@@ -16,12 +16,13 @@ import pytest
 from agentgym.app.checking import run_check_env
 from agentgym.envs.retrieval import BackgroundServer, create_app
 from agentgym.envs.searchqa.data import bundled_dataset
-from agentgym.envs.searchqa.env import (
-    ANSWER_ONLY_INVALID, NO_SEARCH_PROMPT, RAG_PROMPT, SEARCH_R1_INVALID, SearchQAEnv, format_passages, get_retriever,
-    make_search_r1_prompt,
-)
+from agentgym.envs.searchqa.env import (ANSWER_ONLY_INVALID, NO_SEARCH_PROMPT, RAG_PROMPT, SEARCH_R1_INVALID,
+                                        SearchQAEnv, make_search_r1_prompt)
+from agentgym.envs.retrieval.base import format_passages
+from agentgym.envs.retrieval.shared import get_retriever
 from agentgym.policies.scripted import ScriptedPolicy
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse fixture)
 

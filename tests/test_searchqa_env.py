@@ -24,14 +24,15 @@ from hypothesis import strategies as st
 from agentgym.app.checking import check_invalid_step, run_check_env
 from agentgym.envs.retrieval import BackgroundServer, Hit, create_app, get_retriever
 from agentgym.envs.searchqa.data import bundled_dataset
-from agentgym.envs.searchqa.env import (
-    DEFAULT_WEIGHTS, SEARCH_R1_INVALID, SEARCH_R1_PROMPT, MaskRetrievedTokens, SearchQAEnv, SearchR1FormatReward,
-    format_passages, make_search_r1_prompt, search_r1_format_valid,
-)
+from agentgym.envs.searchqa.env import (SEARCH_R1_INVALID, SEARCH_R1_PROMPT, MaskRetrievedTokens, SearchQAEnv,
+                                        make_search_r1_prompt)
+from agentgym.envs.searchqa.rewards import DEFAULT_WEIGHTS, SearchR1FormatReward, search_r1_format_valid
+from agentgym.envs.retrieval.base import format_passages
 from agentgym.policies.models import load_tokenizer
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.rewards import Reward, exact_match, normalize_answer, token_f1
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 from agentgym.trajectory import check_trajectory
 
 ENV_ID = "agentgym/SearchQA-v0"

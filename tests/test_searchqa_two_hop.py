@@ -7,7 +7,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from agentgym.envs.searchqa.env import SearchQAEnv, _gold_in  # noqa: E402
+from agentgym.envs.searchqa.env import SearchQAEnv  # noqa: E402
+from agentgym.envs.searchqa.rewards import _gold_in  # noqa: E402
 
 
 def _play(env: SearchQAEnv, index: int, chat: bool = False) -> tuple[list[str], list[str], dict]:

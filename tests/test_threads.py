@@ -98,7 +98,8 @@ def test_short_windows_are_not_measured():
 def test_the_installed_governor_is_consulted_by_the_rollout_engine(monkeypatch, tok):
     """`recheck` is a no-op without a governor; with one, every turn batch of a rollout consults it."""
     from agentgym.policies.scripted import ScriptedPolicy
-    from agentgym.rollout import RolloutConfig, RolloutEngine
+    from agentgym.rollout_config import RolloutConfig
+    from agentgym.rollout import RolloutEngine
     threads.install(None)
     threads.recheck()                            # library use: nothing happens, nothing fails
     calls: list[int] = []

@@ -18,7 +18,8 @@ from agentgym.algorithms.batch import collate, kind_codes
 from agentgym.envs.searchqa.env import SearchQAEnv
 from agentgym.formatting import ChatFormatter, ContinuationFormatter, message_kind
 from agentgym.policies.scripted import ScriptedPolicy
-from agentgym.rollout import RolloutConfig, RolloutEngine
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 from agentgym.trajectory import (SAMPLED_KINDS, TOKEN_KINDS, TokenIds, Trajectory, TrajectoryBuilder,
                                  check_trajectory, kinds_from_mask)
 

@@ -170,7 +170,8 @@ def tok():
 
 def test_oracle_solves_every_task_through_the_rollout_engine(tok):
     from agentgym.policies.scripted import ScriptedPolicy
-    from agentgym.rollout import RolloutConfig, RolloutEngine
+    from agentgym.rollout_config import RolloutConfig
+    from agentgym.rollout import RolloutEngine
     engine = RolloutEngine(ScriptedPolicy(tok, ToolCallEnv.oracle), RolloutConfig(debug_checks=True))
     try:
         for split in ("train", "test"):

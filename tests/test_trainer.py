@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.algorithms.trainer import TrainConfig
+from agentgym.algorithms.config import TrainConfig
 from agentgym.config import ConfigError, load_config
 
 TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4",
@@ -87,7 +87,8 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_backend_options_reach_the_sampler_and_bad_ones_are_refused(tmp_path):
-    from agentgym.algorithms.trainer import Trainer, TrainConfig
+    from agentgym.algorithms.trainer import Trainer
+    from agentgym.algorithms.config import TrainConfig
     cfg = load_config(TrainConfig, overrides=["model=tiny-random", "backend=hf", f"output_dir={tmp_path / 'a'}",
                                               "tensorboard=false", "backend_options.kv_cache_tokens=256",
                                               "backend_options.reuse_kv=false"])
@@ -102,7 +103,8 @@ def test_sampled_held_out_eval_scores_each_task_by_the_mean_of_its_samples(tmp_p
     """eval.samples=k: k episodes per held-out task, sampled as in training; a task's success is their mean."""
     from types import SimpleNamespace
 
-    from agentgym.algorithms.trainer import Trainer, eval_rollout_config, task_successes
+    from agentgym.algorithms.trainer import Trainer
+    from agentgym.algorithms.held_out import eval_rollout_config, task_successes
     base = ["model=tiny-random", "env=Arithmetic-v0", "env_kwargs={hard_fraction: 0.0, max_turns: 2}",
             "eval.episodes=2", "sampling.max_new_tokens=4", "tensorboard=false"]
     greedy = load_config(TrainConfig, overrides=base)

@@ -8,7 +8,8 @@ import ast
 from pathlib import Path
 
 from agentgym.algorithms.events import TrainerEvents
-from agentgym.algorithms.trainer import TrainConfig, Trainer
+from agentgym.algorithms.config import TrainConfig
+from agentgym.algorithms.trainer import Trainer
 from agentgym.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -273,7 +273,8 @@ def test_kv_store_is_bounded(tok):
 def test_kv_reuse_in_real_multi_turn_rollouts(tok, style):
     """The rollout engine on a multi-turn env (Arithmetic-v0: the tiny model's garbage earns "invalid
     action" turns): identical, token-faithful trajectories with and without reuse, and reuse happened."""
-    from agentgym.rollout import RolloutConfig, RolloutEngine
+    from agentgym.rollout_config import RolloutConfig
+    from agentgym.rollout import RolloutEngine
     from fixtures_llm import assert_faithful
     model = tiny_policy().model
     out = {}

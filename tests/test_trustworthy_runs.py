@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentgym.app.cli import choose_threads, main
+from agentgym.threads import choose_threads
+from agentgym.app.cli import main
 
 TINY = ["model=tiny-random", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=6", "eval.episodes=2",
         "tensorboard=false"]

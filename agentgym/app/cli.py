@@ -15,9 +15,8 @@ from typing import Sequence
 
 from agentgym.app.commands import cmd_sandbox
 from agentgym.app.parser import build_parser
-from agentgym.threads import choose_threads   # re-exported: the app's thread choice lives with the governor
 
-__all__ = ["main", "build_parser", "choose_threads", "flags_as_overrides", "parse_command_line"]
+__all__ = ["main", "flags_as_overrides", "parse_command_line"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

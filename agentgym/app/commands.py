@@ -258,7 +258,7 @@ def _evaluate_with_bar(policy: Any, cfg: Any, env_id: str) -> Any:
 
     from agentgym.app.evaluation import evaluate
     from agentgym.progress import GeneratingPostfix
-    from agentgym.rollout import summarize
+    from agentgym.rollout_metrics import summarize
     with tqdm(total=cfg.episodes * cfg.group_size, desc=f"eval {env_id}", unit="ep") as bar:
         postfix = GeneratingPostfix(bar)
 
@@ -314,7 +314,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             "trajectories": [t.to_dict() for t in result.trajectories]}, indent=1))
         print(f"wrote {cfg.json}")
     if cfg.html:
-        from agentgym.policies.backend import tokenizer_of
+        from agentgym.backend import tokenizer_of
         from agentgym.app.report import write_html_report
         path = write_html_report(cfg.html, result.trajectories, tokenizer=tokenizer_of(policy),
                                  metrics=result.metrics, title=f"{env_id} · {cfg.policy}")

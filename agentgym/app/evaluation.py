@@ -25,7 +25,8 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from agentgym.policy import SamplingParams
-from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutProgress, RolloutViews
+from agentgym.rollout_config import ROLLOUT_ALIASES, RolloutConfig, RolloutViews
+from agentgym.rollout import RolloutProgress
 from agentgym.rollout_metrics import scored_episodes, task_groups, task_success
 from agentgym.trajectory import Trajectory
 
@@ -240,7 +241,8 @@ def evaluate(policy: Any, cfg: EvalRunConfig, env_id: str,
     ``progress(new_episodes, all_so_far)`` after each rollout call; ``on_turn(episodes_done,
     tokens_generated, generating)`` as the engine advances — every turn, and with an hf policy every decode
     step, when ``generating`` is (sequences done, sequences) of the call in flight — for a live bar."""
-    from agentgym.rollout import RolloutEngine, summarize, summarize_std
+    from agentgym.rollout import RolloutEngine
+    from agentgym.rollout_metrics import summarize, summarize_std
     env_kwargs = dict(cfg.env_kwargs)
     if cfg.split is not None and "split" not in env_kwargs and env_takes_split(env_id):
         env_kwargs["split"] = cfg.split

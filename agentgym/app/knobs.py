@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-from typing import Any
 
 __all__ = ["COMMAND_CONFIGS", "command_config", "describe_configs", "env_settings", "describe_env"]
 

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from agentgym.app.report_assets import CSS, JS
-from agentgym.app.report_tokens import Piece, special_token_ids, token_kinds_of, token_runs, token_pieces
+from agentgym.app.report_tokens import special_token_ids, token_kinds_of, token_runs, token_pieces
 from agentgym.trajectory import SAMPLED_KINDS, Trajectory
 
-__all__ = ["write_html_report", "render_html_report", "token_pieces", "Piece"]
+__all__ = ["write_html_report", "render_html_report"]
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _MARKED = re.compile(r"[\x00-\x1f\x7f]")
@@ -257,7 +257,7 @@ def render_html_report(trajectories: Sequence[Trajectory], tokenizer: Any = None
     """The report as an HTML string (see :func:`write_html_report`)."""
     trajectories = list(trajectories)
     if metrics is None and trajectories:
-        from agentgym.rollout import summarize  # kernel; lazy so the viewer itself stays light
+        from agentgym.rollout_metrics import summarize
         metrics = summarize(trajectories)
     special = special_token_ids(tokenizer) if tokenizer is not None else set()
     cards = "".join(_card(i, t, tokenizer, special) for i, t in enumerate(trajectories))

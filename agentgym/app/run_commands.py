@@ -89,8 +89,9 @@ def _interrupted_message(stop: Any, args: argparse.Namespace, out: str) -> str:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from agentgym.algorithms.run_control import ServiceOutage
-    from agentgym.algorithms.trainer import (TrainConfig, Trainer, TrainingInterrupted, finished_run, interrupted_run,
-                                           latest_checkpoint)
+    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.trainer import Trainer
+    from agentgym.algorithms.run_control import TrainingInterrupted, finished_run, interrupted_run, latest_checkpoint
     from agentgym.app.run_reports import TrajectoryReport
     from agentgym.config import ConfigError, load_config
     from agentgym.runs import prepare_output_dir

@@ -21,7 +21,7 @@ class TrajectoryReport(TrainerEvents):
     def run_done(self, trainer: Any, eval_trajectories: Sequence[Any]) -> None:
         from agentgym.algorithms.health import health_section
         from agentgym.app.report import write_html_report
-        from agentgym.rollout import summarize
+        from agentgym.rollout_metrics import summarize
         out = trainer.out
         write_html_report(out / "eval_trajectories.html", list(eval_trajectories), tokenizer=trainer.policy.tokenizer,
                           metrics=summarize(list(eval_trajectories)),

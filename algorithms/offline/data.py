@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from agentgym.policy import SamplingParams
-from agentgym.rollout import ROLLOUT_ALIASES, RolloutConfig, RolloutEngine, RolloutProgress, RolloutViews
+from agentgym.rollout_config import ROLLOUT_ALIASES, RolloutConfig
+from agentgym.rollout import RolloutEngine, RolloutProgress
 from agentgym.trajectory import Trajectory, check_trajectory
 
 __all__ = ["CollectConfig", "OFFLINE_ROLLOUT_ALIASES", "offline_rollout", "source_policy", "collect_trajectories", "load_trajectories",
@@ -76,7 +77,7 @@ class _StudentLayout:
 
     def __init__(self, policy: Any, tokenizer: Any):
         self.policy, self.tokenizer = policy, tokenizer
-        from agentgym.policies.backend import as_backend
+        from agentgym.backend import as_backend
         self.wants_context = as_backend(policy).needs_context
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, **kwargs: Any) -> Any:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentgym.config import save_config
-from agentgym.rollout import RolloutConfig, RolloutViews
+from agentgym.rollout_config import RolloutConfig, RolloutViews
 
 from agentgym.algorithms.optim import LoraSettings, OptimConfig, peft_lora_config
 from agentgym.algorithms.offline.data import (OFFLINE_ROLLOUT_ALIASES, CollectConfig, collect_trajectories, offline_rollout, load_trajectories,

@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from agentgym.policy import SamplingParams
-from agentgym.rollout import RolloutConfig, RolloutEngine, summarize
+from agentgym.rollout_config import RolloutConfig
+from agentgym.rollout import RolloutEngine
 from agentgym.trajectory import Trajectory
 
 __all__ = ["make_task_dataset", "prompt_key", "EnvRollout", "episode_reward", "train_with_trl"]

@@ -122,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from agentgym.envs.searchqa.data import load_search_r1_parquet
     from agentgym.envs.searchqa.env import SearchQAEnv
     from agentgym.policy import SamplingParams
-    from agentgym.rollout import RolloutConfig, RolloutEngine
+    from agentgym.rollout_config import RolloutConfig
+    from agentgym.rollout import RolloutEngine
 
     rows = load_search_r1_parquet(args.questions)
     plan = select_rows(rows, args.datasets.split(",") if args.datasets else None, args.limit)

@@ -129,7 +129,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load_train_config(args: argparse.Namespace) -> Any:
-    from agentgym.algorithms.trainer import TrainConfig
+    from agentgym.algorithms.config import TrainConfig
     from agentgym.config import load_config
     overrides = list(args.override)
     for flag, key in (("model", "model"), ("retriever", "env_kwargs.retriever"),

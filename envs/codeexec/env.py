@@ -29,7 +29,8 @@ from agentgym import AgentEnv, Reward, Transition
 from agentgym.parsing import extract_code_blocks, parse_python
 from agentgym.rewards import CallCost, InvalidActionPenalty, StepEvent
 from agentgym.envs.codeexec.harness import REPORT_MARK
-from agentgym.envs.codeexec.problems import SPLITS, bundled_problems, load_problems, select_split, validate_problem
+from agentgym.splits import SPLITS
+from agentgym.envs.codeexec.problems import bundled_problems, load_problems, select_split, validate_problem
 from agentgym.envs.sandbox.selection import SANDBOX_SPECS, resolve_sandbox, sandbox_backend_name
 
 __all__ = ["CodeExecEnv", "TestsPassed", "SYSTEM_PROMPT", "run_tests", "run_tests_batch", "format_report",

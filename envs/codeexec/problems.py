@@ -35,8 +35,8 @@ from agentgym.splits import SPLITS, check_split, check_splits
 from agentgym.splits import split_of as _split_of
 
 __all__ = ["ProblemFormatError", "bundled_problems", "load_problems", "load_humaneval_jsonl", "load_mbpp_jsonl",
-           "load_agentgym_jsonl", "detect_format", "validate_problem", "BUNDLED_PATH", "SPLITS", "split_of",
-           "select_split", "task_text"]
+           "load_agentgym_jsonl", "detect_format", "validate_problem", "BUNDLED_PATH", "split_of", "select_split",
+           "task_text"]
 
 BUNDLED_PATH = Path(__file__).with_name("problems.jsonl")
 FORMATS = ("agentgym", "humaneval", "mbpp")

@@ -41,7 +41,8 @@ def hop_chain(question: Mapping[str, Any], world_seed: int, world_size: str | in
     """Per hop of a bundled world question: ``entity`` (name), ``relation``, ``phrase`` (how to ask
     for the relation) and ``answers`` (surface forms of the hop's target; the last hop's are the
     question's answers). Empty when the question does not come from the world's templates."""
-    from agentgym.envs.searchqa.world import ENTITY_RELATIONS, value_answers
+    from agentgym.envs.searchqa.world import ENTITY_RELATIONS
+    from agentgym.envs.searchqa.render import value_answers
     template_name, _, subject = str(question.get("id", "")).partition("@")
     template = _templates().get(template_name)
     world = _world(world_seed, world_size)

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Any
 
-from ._local import NOBODY, nproc_budget
+from ._local import nproc_budget
 from .base import DEFAULT_MAX_OUTPUT_BYTES, Job
 from .bwrap_sandbox import WORK_DIR, BwrapSandbox
 from .warm import JOB_ENV, PipeChannel, Runner, WarmSandbox, runner_argv
@@ -82,4 +81,4 @@ class WarmBwrapSandbox(WarmSandbox):
         self.base.close()
 
 
-__all__ = ["WarmBwrapSandbox", "NOBODY"]
+__all__ = ["WarmBwrapSandbox"]

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from agentgym.ray_envs import SERVICE_NAMESPACE, close_node_services, node_service
+from agentgym.ray_envs import close_node_services, node_service
 
-__all__ = ["NodeSandbox", "SandboxService", "SERVICE_NAMESPACE", "close_node_sandboxes", "service_name"]
+__all__ = ["NodeSandbox", "SandboxService", "close_node_sandboxes", "service_name"]
 
 _PREFIX = "sandbox"
 

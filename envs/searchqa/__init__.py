@@ -13,7 +13,8 @@ from agentgym.envs.searchqa.data import (
 from agentgym.envs.searchqa.questions import (
     DEFAULT_MIX, QUESTION_TYPES, entity_split, make_questions, question_pool_sizes,
 )
-from agentgym.envs.searchqa.world import WORLD_SIZES, Entity, Passage, World, build_world
+from agentgym.envs.searchqa.world import WORLD_SIZES, Entity, World, build_world
+from agentgym.envs.searchqa.render import Passage
 
 __all__ = [
     "World", "Entity", "Passage", "build_world", "WORLD_SIZES",

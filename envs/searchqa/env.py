@@ -25,13 +25,11 @@ from agentgym.rewards import CallCost, InvalidActionPenalty, TokenF1, gold_answe
 from agentgym.splits import check_split
 from agentgym.envs.retrieval.base import format_passages
 from agentgym.envs.retrieval.shared import get_retriever
-from agentgym.envs.searchqa.rewards import (DEFAULT_WEIGHTS, SearchR1FormatReward, _gold_in,  # noqa: F401
-                                         search_r1_format_valid, useful_search)  # (re-exported from here too)
+from agentgym.envs.searchqa.rewards import DEFAULT_WEIGHTS, SearchR1FormatReward, _gold_in, useful_search
 from agentgym.envs.searchqa.scoring import SCORERS, SearchR1Score, score_search_r1, search_r1_action, search_r1_cut
 
-__all__ = ["SearchQAEnv", "SEARCH_R1_PROMPT", "SEARCH_R1_INVALID", "make_search_r1_prompt", "format_passages",
-           "get_retriever", "MaskRetrievedTokens", "RETRIEVAL_MODES", "NO_SEARCH_PROMPT", "RAG_PROMPT",
-           "ANSWER_ONLY_INVALID", "search_r1_cut", "search_r1_action", "SCORERS", "PROMPT_SOURCES", "score_search_r1"]
+__all__ = ["SearchQAEnv", "SEARCH_R1_PROMPT", "SEARCH_R1_INVALID", "make_search_r1_prompt", "MaskRetrievedTokens",
+           "RETRIEVAL_MODES", "NO_SEARCH_PROMPT", "RAG_PROMPT", "ANSWER_ONLY_INVALID", "PROMPT_SOURCES"]
 
 # Search-R1 `make_prefix`, template "base" (scripts/data_process/nq_search.py): exact text, including
 # its own typo "as your want". The question follows "Question: " and one newline ends the prompt.

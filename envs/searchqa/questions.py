@@ -34,7 +34,8 @@ from typing import Any, Mapping
 
 from agentgym.rewards import normalize_answer
 from agentgym.splits import SPLITS, check_split, normalise_task_text
-from agentgym.envs.searchqa.world import ENTITY_RELATIONS, World, value_answers
+from agentgym.envs.searchqa.world import ENTITY_RELATIONS, World
+from agentgym.envs.searchqa.render import value_answers
 
 __all__ = [
     "make_questions", "question_pool_sizes", "entity_split", "QUESTION_TYPES", "DEFAULT_MIX", "SINGLE_HOP_TEMPLATES",

@@ -32,12 +32,9 @@ from typing import Any, Callable
 from agentgym.rewards import normalize_answer
 
 from .lexicon import BAND_PATTERNS, COMPANY_SUFFIXES, GENRES, INDUSTRIES, PROFESSIONS, UNIVERSITY_PATTERNS, NameForge
-from .render import Passage, format_value, render_passages, value_answers
+from .render import Passage, render_passages
 
-__all__ = [
-    "World", "Entity", "Passage", "build_world", "WORLD_SIZES", "ENTITY_RELATIONS", "format_value",
-    "value_answers",
-]
+__all__ = ["World", "Entity", "build_world", "WORLD_SIZES", "ENTITY_RELATIONS"]
 
 # (n_people, n_places, n_orgs) per named size.
 WORLD_SIZES: dict[str, tuple[int, int, int]] = {

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from agentgym.parsing import last_tag_content
-from agentgym.reward_terms import _WeightedTerms, call_term, term_value
-from agentgym.shapers import normalize_answer
+from agentgym.rewards.terms import _WeightedTerms, call_term, term_value
+from agentgym.rewards.shapers import normalize_answer
 
 
 # --------------------------------------------------------------------------- group shapers

@@ -25,20 +25,20 @@ reads ``reward=`` as a mapping of weights in which a key ``"module.path:attr"`` 
 adds it as a new term (``{"mypkg.shapers:brevity": 0.2, "format": 0.5}``), or as one such string
 (weight 1). The env imports it, so the config itself stays strings and numbers.
 
-Where each part lives: events, ``@shaper`` and :class:`Reward` in :mod:`agentgym.reward_terms`; the
-built-in shapers and answer matching in :mod:`agentgym.shapers`; group shapers in
-:mod:`agentgym.group_rewards`; rewards from plain data in :mod:`agentgym.reward_spec`. Import them from
+Where each part lives: events, ``@shaper`` and :class:`Reward` in :mod:`agentgym.rewards.terms`; the
+built-in shapers and answer matching in :mod:`agentgym.rewards.shapers`; group shapers in
+:mod:`agentgym.rewards.group`; rewards from plain data in :mod:`agentgym.rewards.spec`. Import them from
 here.
 """
 
 from __future__ import annotations
 
-from agentgym.group_rewards import (AnswerDiversity, GroupMember, GroupReward, GroupShaper, SharedWrongAnswer,
+from agentgym.rewards.group import (AnswerDiversity, GroupMember, GroupReward, GroupShaper, SharedWrongAnswer,
                                     apply_group_reward, group_shaper)
-from agentgym.reward_spec import load_shaper, resolve_reward
-from agentgym.reward_terms import (PotentialShaper, Reward, RewardShaper, StepEvent, StepRecord, gold_answers,
+from agentgym.rewards.spec import load_shaper, resolve_reward
+from agentgym.rewards.terms import (PotentialShaper, Reward, RewardShaper, StepEvent, StepRecord, gold_answers,
                                    potential_shaper, shaper)
-from agentgym.shapers import (CallCost, ExactMatch, FormatCompliance, InvalidActionPenalty, LengthPenalty, TokenF1,
+from agentgym.rewards.shapers import (CallCost, ExactMatch, FormatCompliance, InvalidActionPenalty, LengthPenalty, TokenF1,
                               TurnLimitPenalty, exact_match, normalize_answer, token_f1)
 
 __all__ = [

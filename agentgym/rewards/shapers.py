@@ -8,7 +8,7 @@ import string
 from collections import Counter
 from typing import Iterable, Sequence
 
-from agentgym.reward_terms import StepEvent
+from agentgym.rewards.terms import StepEvent
 
 
 # --------------------------------------------------------------------------- answer matching

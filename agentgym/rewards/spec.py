@@ -11,8 +11,8 @@ import re
 import sys
 from typing import Any, Callable, Mapping
 
-from agentgym.group_rewards import _FunctionGroupShaper
-from agentgym.reward_terms import Reward, RewardShaper, _FunctionShaper
+from agentgym.rewards.group import _FunctionGroupShaper
+from agentgym.rewards.terms import Reward, RewardShaper, _FunctionShaper
 
 
 _IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
