@@ -1,6 +1,7 @@
-"""The trainer reports through events and never calls the application: a subscriber sees every step, each
-eval, each checkpoint and the end of the run, in order; the HTML report is written only by the app's
-subscriber; and a test reads the imports so that no part (algorithms, policies, envs) imports the app."""
+"""Layers a newcomer can see (issue 48): the trainer reports through events and never calls the application
+(a subscriber sees every step, each eval, each checkpoint and the end of the run, in order; the HTML report is
+written only by the app's subscriber); tests that read the imports: no part (algorithms, policies, envs)
+imports the app, the kernel imports no part, and only package ``__init__`` files re-export names."""
 
 from __future__ import annotations
 
@@ -77,3 +78,31 @@ def test_the_kernel_imports_no_concrete_part():
         if bad:
             offenders.append(f"{path.relative_to(ROOT)}: {', '.join(bad)}")
     assert not offenders, "the kernel imports concrete parts:\n" + "\n".join(offenders)
+
+
+def _top_level_definitions(tree: ast.Module) -> set[str]:
+    out: set[str] = set()
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+            for target in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                out.update(x.id for x in ast.walk(target) if isinstance(x, ast.Name))
+    return out
+
+
+def test_only_package_inits_re_export_names():
+    """A name lives in the one module that defines it; only a package's ``__init__`` states public names
+    that live elsewhere (issue 48: no shims before 1.0)."""
+    offenders = []
+    for part in ("agentgym", "envs", "policies", "algorithms"):
+        for path in sorted((ROOT / part).rglob("*.py")):
+            if path.name == "__init__.py":
+                continue
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            declared = next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                             and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)), [])
+            foreign = sorted(set(declared) - _top_level_definitions(tree))
+            if foreign:
+                offenders.append(f"{path.relative_to(ROOT)}: {', '.join(foreign)}")
+    assert not offenders, "modules re-exporting names they do not define:\n" + "\n".join(offenders)
