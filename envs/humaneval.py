@@ -45,7 +45,7 @@ from agentgym import AgentEnv, Reward, Transition, shaper
 from agentgym.parsing import extract_code_blocks, parse_python
 from agentgym.rewards import InvalidActionPenalty, StepEvent
 from agentgym.envs.codeexec.env import run_tests_batch
-from agentgym.envs.sandbox.selection import SANDBOX_SPECS, resolve_sandbox, sandbox_backend_name
+from agentgym.envs.sandbox.selection import SANDBOX_SPECS, LazySandbox
 
 __all__ = ["HumanEvalEnv", "humaneval_problems", "humaneval_data_path", "build_program", "grade_programs",
            "passed", "SYSTEM_PROMPT", "SPLITS", "NUM_PROBLEMS"]
@@ -283,9 +283,7 @@ class HumanEvalEnv(AgentEnv):
         self.timeout_s, self.memory_mb = float(timeout_s), int(memory_mb)
         self.max_feedback_chars = int(max_feedback_chars)
         self.sandbox_spec, self.allow_unsafe = sandbox, allow_unsafe
-        self._sandbox: Any = None
-        # fail closed here, before any code runs or a model loads: no isolating backend, no explicit opt-in
-        self._sandbox_backend = sandbox_backend_name(sandbox, allow_unsafe=allow_unsafe)
+        self._code_sandbox = LazySandbox(sandbox, allow_unsafe)   # fails closed here, before any code runs
         self._attempts = 0
         self._last: dict[str, Any] | None = None
         super().__init__(reward=reward, max_turns=max_turns or self.max_attempts + 1, max_action_chars=max_action_chars,
@@ -294,14 +292,12 @@ class HumanEvalEnv(AgentEnv):
     @property
     def sandbox(self) -> Any:
         """The shared sandbox, started on first use (the constructor only chose the backend)."""
-        if self._sandbox is None:
-            self._sandbox = resolve_sandbox(self.sandbox_spec, allow_unsafe=self.allow_unsafe)
-        return self._sandbox
+        return self._code_sandbox.get()
 
     @property
     def sandbox_backend(self) -> str:
         """The backend the checks run in (``docker``, ``bwrap`` or, opted in, ``subprocess``)."""
-        return self._sandbox.name if self._sandbox is not None else self._sandbox_backend
+        return self._code_sandbox.backend
 
     def default_reward(self) -> Reward:
         return Reward([passed, (InvalidActionPenalty(name="format"), self.format_penalty)])

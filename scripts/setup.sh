@@ -64,19 +64,8 @@ esac; done
 
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# pip: quiet, and no "Running pip as the 'root' user" warning on every call (here and in the scripts it runs)
-export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+. scripts/common.sh   # PIP_* settings and apt_quiet
 pip_install() { "$PY" -m pip install --root-user-action=ignore -q "$@"; }
-# apt-get update + install, quiet: its progress and debconf notes go to $APT_LOG, shown only when it fails
-APT_LOG=${APT_LOG:-/tmp/agentgym-setup-apt.log}
-apt_quiet() {
-  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o Dpkg::Use-Pty=0 "$@"; } \
-      >"$APT_LOG" 2>&1; then
-    echo "[setup] apt-get install $* failed; the end of $APT_LOG:" >&2
-    tail -n 40 "$APT_LOG" >&2
-    return 1
-  fi
-}
 # Does an index URL answer within 5 s? A ranged GET (HEAD is not served everywhere); curl if
 # present, else Python's urllib.
 index_answers() {

@@ -23,17 +23,7 @@ say() { echo "[setup-docker] $*"; }
 have() { command -v "$1" >/dev/null 2>&1; }
 is_root() { [ "$(id -u)" = "0" ]; }
 docker_ok() { docker info >/dev/null 2>&1; }
-export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1   # no pip warning per call
-# apt-get update + install, quiet: its progress and debconf notes go to $APT_LOG, shown only when it fails
-APT_LOG=${APT_LOG:-/tmp/agentgym-setup-apt.log}
-apt_quiet() {
-  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o Dpkg::Use-Pty=0 "$@"; } \
-      >"$APT_LOG" 2>&1; then
-    say "error: apt-get install $* failed; the end of $APT_LOG:" >&2
-    tail -n 40 "$APT_LOG" >&2
-    return 1
-  fi
-}
+. scripts/common.sh   # PIP_* settings and apt_quiet
 
 # --- 1. packages -----------------------------------------------------------------------------
 missing=""

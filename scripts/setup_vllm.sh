@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1   # no pip warning per call, uninstall too
+. scripts/common.sh   # PIP_* settings
 pip_install() { "$PY" -m pip install --root-user-action=ignore -q "$@"; }
 
 if [ -n "${AGENTGYM_VLLM_SPEC:-}" ]; then

@@ -368,7 +368,7 @@ def test_stdin_stdout_problem_feedback(sandbox):
 def test_sandbox_argument_forms_and_the_backend_used():
     env = CodeExecEnv()
     assert env.sandbox_backend in ("docker", "bwrap")       # chosen at construction, started on first use
-    assert env._sandbox is None and env.sandbox.name == env.sandbox_backend
+    assert not env._code_sandbox.started and env.sandbox.name == env.sandbox_backend
     assert CodeExecEnv().sandbox is env.sandbox              # one shared sandbox per process
     assert CodeExecEnv(**UNSAFE).sandbox.name == CodeExecEnv(**UNSAFE).sandbox_backend == "subprocess"
     with pytest.raises(SandboxRefusedError, match="allow_unsafe=True"):

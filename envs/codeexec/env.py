@@ -31,7 +31,7 @@ from agentgym.rewards import CallCost, InvalidActionPenalty, StepEvent
 from agentgym.envs.codeexec.harness import REPORT_MARK
 from agentgym.splits import SPLITS
 from agentgym.envs.codeexec.problems import bundled_problems, load_problems, select_split, validate_problem
-from agentgym.envs.sandbox.selection import SANDBOX_SPECS, resolve_sandbox, sandbox_backend_name
+from agentgym.envs.sandbox.selection import SANDBOX_SPECS, LazySandbox
 
 __all__ = ["CodeExecEnv", "TestsPassed", "SYSTEM_PROMPT", "run_tests", "run_tests_batch", "format_report",
            "PYTHON_LANGS"]
@@ -303,10 +303,7 @@ class CodeExecEnv(AgentEnv):
         self.max_attempts = int(max_attempts)
         self.reward_mode, self.attempt_cost, self.format_penalty = reward_mode, attempt_cost, format_penalty
         self.sandbox_spec, self.allow_unsafe = sandbox, allow_unsafe
-        self._sandbox: Any = None
-        # Fail closed before any code runs (and before a caller loads a model): no isolating backend
-        # and no explicit unsafe opt-in -> SandboxRefusedError here, saying why and how to fix it.
-        self._sandbox_backend = sandbox_backend_name(sandbox, allow_unsafe=self.allow_unsafe)
+        self._code_sandbox = LazySandbox(sandbox, allow_unsafe)   # fails closed here, before any code runs
         self.test_time_limit_s, self.time_limit_s, self.memory_mb = test_time_limit_s, time_limit_s, memory_mb
         self.visible_tests, self.reveal_hidden_tests = visible_tests, reveal_hidden_tests
         self._attempts = 0
@@ -317,14 +314,12 @@ class CodeExecEnv(AgentEnv):
     @property
     def sandbox(self) -> Any:
         """The sandbox, started on first use and shared with other envs (the constructor only chose it)."""
-        if self._sandbox is None:
-            self._sandbox = resolve_sandbox(self.sandbox_spec, allow_unsafe=self.allow_unsafe)
-        return self._sandbox
+        return self._code_sandbox.get()
 
     @property
     def sandbox_backend(self) -> str:
         """The backend the tests run in (``docker``, ``bwrap`` or, opted in, ``subprocess``)."""
-        return self._sandbox.name if self._sandbox is not None else self._sandbox_backend
+        return self._code_sandbox.backend
 
     def default_reward(self) -> Reward:
         return Reward([TestsPassed(self.reward_mode),

@@ -40,7 +40,7 @@ from agentgym.rewards import CallCost, InvalidActionPenalty, LengthPenalty, Step
 from agentgym.splits import check_split
 from agentgym.envs.mathrl.answers import _last_box, answers_equal, extract_answer, latex_fraction, parse_number
 from agentgym.envs.mathrl.problems import KINDS, SPLITS, make_problem
-from agentgym.envs.sandbox.selection import SANDBOX_SPECS, resolve_sandbox, sandbox_backend_name
+from agentgym.envs.sandbox.selection import SANDBOX_SPECS, LazySandbox
 
 __all__ = ["MathEnv", "SYSTEM_PROMPT", "TOOLS_PROMPT", "AnswerGuessing", "RepeatedFiller", "think_format_ok",
            "count_reasoning_steps", "repetition_score", "correct", "think_format"]
@@ -209,10 +209,8 @@ class MathEnv(AgentEnv):
         if isinstance(sandbox, str) and sandbox not in SANDBOX_SPECS:
             raise ValueError(f"unknown sandbox {sandbox!r}; use one of {SANDBOX_SPECS} or a Sandbox instance")
         self.sandbox_spec, self.allow_unsafe = sandbox, allow_unsafe
-        self._sandbox: Any = None
-        # Fail closed before any code runs: no isolating backend and no unsafe opt-in -> refused here.
-        self._sandbox_backend = (sandbox_backend_name(sandbox, allow_unsafe=self.allow_unsafe)
-                                 if self.tools else None)
+        # fails closed here, before any code runs: no isolating backend and no unsafe opt-in -> refused
+        self._code_sandbox = LazySandbox(sandbox, allow_unsafe) if self.tools else None
         self.max_tool_calls, self.tool_time_limit_s = int(max_tool_calls), float(tool_time_limit_s)
         self.memory_mb, self.max_output_chars = int(memory_mb), int(max_output_chars)
         self.guess_step_ratio, self.repetition_tolerance = guess_step_ratio, repetition_tolerance
@@ -236,16 +234,14 @@ class MathEnv(AgentEnv):
     @property
     def sandbox(self) -> Any:
         """The sandbox code runs in (tools mode), started on first use and shared with other envs."""
-        if self._sandbox is None:
-            self._sandbox = resolve_sandbox(self.sandbox_spec, allow_unsafe=self.allow_unsafe)
-        return self._sandbox
+        if self._code_sandbox is None:
+            raise RuntimeError("Math-v0 runs no code without tools=True")
+        return self._code_sandbox.get()
 
     @property
     def sandbox_backend(self) -> str | None:
         """The backend code runs in (``docker``, ``bwrap``, opted-in ``subprocess``); None without tools."""
-        if not self.tools:
-            return None
-        return self._sandbox.name if self._sandbox is not None else self._sandbox_backend
+        return self._code_sandbox.backend if self._code_sandbox is not None else None
 
     # ------------------------------------------------------------------ tasks
     def get_task(self, index: int) -> dict[str, Any]:

@@ -373,3 +373,31 @@ def resolve_sandbox(spec: Any = "auto", *, allow_unsafe: bool = False) -> Any:
             shared = best_sandbox(prefer[prefer.index(backend):], allow_unsafe=allow_unsafe)
             _SHARED[key] = shared
         return shared
+
+
+class LazySandbox:
+    """An env's handle on a code sandbox: the backend is chosen (and refused, failing closed) when the
+    handle is made, before any code runs or a model loads; the sandbox itself starts on first use and is
+    the node's shared one (:func:`resolve_sandbox`). CodeExec-v0 and HumanEval-v0 hold one each."""
+
+    def __init__(self, spec: Any = "auto", allow_unsafe: bool = False):
+        self.spec, self.allow_unsafe = spec, allow_unsafe
+        # no isolating backend and no explicit unsafe opt-in -> SandboxRefusedError here, saying why
+        self._backend = sandbox_backend_name(spec, allow_unsafe=allow_unsafe)
+        self._sandbox: Any = None
+
+    def get(self) -> Any:
+        """The sandbox, started on first use."""
+        if self._sandbox is None:
+            self._sandbox = resolve_sandbox(self.spec, allow_unsafe=self.allow_unsafe)
+        return self._sandbox
+
+    @property
+    def started(self) -> bool:
+        return self._sandbox is not None
+
+    @property
+    def backend(self) -> str:
+        """The backend code runs in (``docker``, ``bwrap`` or, opted in, ``subprocess``)."""
+        return self._sandbox.name if self._sandbox is not None else self._backend
+
