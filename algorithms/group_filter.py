@@ -22,7 +22,7 @@ off by default:
   proportional to their weight, by rejection from a uniform draw (exact, and needs no weight table).
   It needs an env with a finite task list (``num_tasks``; e.g. SearchQA-v0, ReAct-v0, CodeExec-v0): in a
   procedural env (Math-v0, Arithmetic-v0) tasks do not come back, and asking for it there is an error. Seeded by the step's seed, so the task sequence is
-  reproducible; the per-task streaks are checkpointed (``group_filter.json``), so ``--resume`` continues
+  reproducible; the per-task streaks are checkpointed (in ``state.pt``), so ``--resume`` continues
   it exactly.
 
 "Zero variance" is ``max - min <= 1e-6`` of the group's episode returns (float rewards: ``0.1 + 0.2`` and
@@ -39,10 +39,8 @@ comparison at equal generation cost), and with difficulty filtering ``tasks_down
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -297,12 +295,8 @@ class GroupSampler:
         if self.difficulty is not None and state.get("difficulty") is not None:
             self.difficulty.load_state_dict(state["difficulty"])
 
-    def save(self, directory: Path, last_step: int) -> None:
-        """Write ``group_filter.json``: the state after collecting ``last_step`` (the newest batch a resumed
-        run will not generate again: the last trained one, or the one generated ahead and saved with it)."""
-        (Path(directory) / "group_filter.json").write_text(json.dumps(self._after.get(last_step, self.state_dict())))
-
-    def load(self, directory: Path) -> None:
-        path = Path(directory) / "group_filter.json"
-        if path.exists():   # checkpoints written before group_filter existed start from zero
-            self.load_state_dict(json.loads(path.read_text()))
+    def state_after(self, step: int) -> dict[str, Any]:
+        """The state right after collecting ``step``'s batch (kept for the last few steps), for a checkpoint:
+        the newest batch a resumed run will not generate again is the last trained one, or the one generated
+        ahead and saved with it."""
+        return self._after.get(step, self.state_dict())

@@ -185,8 +185,10 @@ def test_each_command_help_points_to_its_knobs(command, which, capsys):
 
 
 # ------------------------------------------------------------------ issue 48 item 3: no old import paths
-@pytest.mark.parametrize("old", ["cli", "report", "runs", "evaluation", "stats", "checking"])
+@pytest.mark.parametrize("old", ["cli", "report", "evaluation", "checking", "app.runs", "app.stats"])
 def test_the_app_modules_have_one_path(old):
+    """The app's modules live only under agentgym.app; run directories and statistics moved from the app
+    to the kernel (agentgym.runs, agentgym.stats), and their old app paths are gone too."""
     r = subprocess.run([sys.executable, "-c", f"import agentgym.{old}"], capture_output=True, text=True, env=ENV,
                        timeout=120)
     assert r.returncode == 1 and f"No module named 'agentgym.{old}'" in r.stderr
