@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from agentgym.algorithms import compare as cmp
+from agentgym.algorithms import compare_report
 from agentgym.algorithms.compare_arms import CompareError, RunRecord, Variant, parse_variants
 from agentgym.algorithms.compare_report import summarize_runs
 from agentgym.app.cli import main
@@ -46,7 +47,7 @@ def test_two_algos_two_seeds_artifacts_rows_and_same_tasks(tmp_path, capsys):
 
     with (out / "compare.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == cmp.CSV_COLUMNS
+    assert list(rows[0]) == compare_report.CSV_COLUMNS
     train = [r for r in rows if r["phase"] == "train"]
     evals = [r for r in rows if r["phase"] == "eval"]
     labels = ["reinforce", "grpo:mask_env_tokens=false"]
@@ -182,7 +183,7 @@ def test_undefined_intervals_are_reported_as_such_never_as_significant():
     assert math.isnan(flat["low"]) and math.isnan(flat["high"])
     assert rows[("flat_hi", "single", "final_reward")]["undefined"] == "1 seed"
     assert not any(d["verdict"] == "significant" for d in s["_differences"])
-    back = json.loads(json.dumps(s, default=cmp._json_default))       # what compare.json holds
+    back = json.loads(json.dumps(s, default=compare_report._json_default))       # what compare.json holds
     assert math.isnan(back["_differences"][0]["low"]) and back["_differences"][0]["undefined"]
 
     md = markdown_table(s, TrainConfig(), [0, 1, 2], 2, 4, 0.8, "yes")
@@ -234,7 +235,7 @@ def test_held_out_success_is_also_compared_paired_over_seeds_and_tasks():
     assert f"| `grpo` − `grpo-shuffled` | {diff} |" in md and "(4 seeds)" in md and "(40 tasks) | significant |" in md
     assert (f"- `grpo` vs `grpo-shuffled`, eval_success_after: {welch['diff']:+.3f} — not separated (noise) (Welch); "
             "paired over seeds and tasks: significant (the headline interval)") in md
-    back = json.loads(json.dumps(s, default=cmp._json_default))       # what compare.json holds
+    back = json.loads(json.dumps(s, default=compare_report._json_default))       # what compare.json holds
     assert back["_paired"][0]["verdict"] == "significant"
     # the report's first line is the declared primary metric (by default held-out success on the test split)
     assert md.splitlines()[0].startswith("**Primary metric: held-out success after training** (`eval_success_after`, "
