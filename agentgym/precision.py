@@ -9,7 +9,8 @@ without bf16 units emulates it and is *slower* — so the choice is measured, no
 (:func:`probe_cpu_bf16`: a fwd+bwd of a transformer-MLP-sized block at a training shape, fp32 and
 bf16 interleaved, best of a few, well under a second). The result is cached per machine under
 ``$AGENTGYM_CACHE`` (default ``~/.cache/agentgym``), keyed by the CPU model, its bf16-related flags
-and the torch version, so each run pays for the probe at most once per machine. The choice and its
+and the torch version, so each run pays for the probe at most once per machine — if the machine was quiet
+when it measured (a probe on a busy machine measures the other work; it decides that run and is not kept). The choice and its
 evidence go into the run's provenance (:meth:`Precision.to_dict`). ``AGENTGYM_PRECISION=fp32|bf16`` tells
 ``auto`` this CPU's answer instead of measuring it.
 """
@@ -139,7 +140,22 @@ def probe_cpu_bf16(*, tokens: int = 512, hidden: int = 576, inner: int = 1536, r
             "shape": [rows, hidden, inner], "screened_out": screened}
 
 
+def _machine_busy() -> tuple[float, int, bool]:
+    """(1-minute load average, usable CPUs, whether other work competes for them). A probe taken while
+    other processes hold the cores measures them, not the CPU: one cached on a Xeon with AMX under a
+    load of ~8 said bf16 was 0.89x fp32, where a quiet probe says 2.1-2.4x (2026-11-28)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 0.0, 1, False
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return load, cpus, load > cpus - 0.5
+
+
 def _cached_probe(refresh: bool = False) -> dict[str, Any]:
+    """The probe's verdict for this machine: from the cache when a quiet probe is cached, else measured.
+    A probe taken on a busy machine decides this run only and is not cached (the next run measures again);
+    cached entries without a quiet-probe record (older versions) are measured again."""
     ident = cpu_identity()
     key = json.dumps(ident, sort_keys=True)
     path = _cache_path()
@@ -148,9 +164,13 @@ def _cached_probe(refresh: bool = False) -> dict[str, Any]:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         cache = {}
-    if not refresh and isinstance(cache.get(key), dict):
-        return {**cache[key], "cached": True}
-    result = {**probe_cpu_bf16(), **ident}
+    entry = cache.get(key)
+    if not refresh and isinstance(entry, dict) and entry.get("quiet") is True:
+        return {**entry, "cached": True}
+    load, cpus, busy = _machine_busy()
+    result = {**probe_cpu_bf16(repeats=7 if busy else 3), **ident, "load": round(load, 2), "quiet": not busy}
+    if busy:
+        return {**result, "cached": False}
     cache[key] = result
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

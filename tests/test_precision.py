@@ -11,7 +11,8 @@ import torch
 from test_learners import TEMPERATURE, assert_learned, env_id, learning_curve, new_policy  # noqa: F401
 
 from agentgym import precision as P
-from agentgym.algorithms import LearnerConfig, make_learner
+from helpers_learners import make
+
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +35,8 @@ def test_explicit_settings_resolve_without_a_probe_and_bad_ones_are_refused(tmp_
         P.resolve_precision("fp16", "cpu")
 
 
-def test_auto_measures_once_per_machine_and_follows_the_measurement(tmp_path):
+def test_auto_measures_once_per_machine_and_follows_the_measurement(tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "_machine_busy", lambda: (0.0, 2, False))   # a quiet machine keeps its probe
     first = P.resolve_precision("auto", "cpu")
     p = first.probe
     assert p["cached"] is False and p["fp32_ms"] > 0 and p["bf16_ms"] > 0 and p["cpu"] == P.cpu_identity()["cpu"]
@@ -63,7 +65,7 @@ def test_the_cache_is_keyed_by_the_machine(tmp_path):
     ident = P.cpu_identity()
     path = tmp_path / "cache" / "precision_probe.json"
     path.parent.mkdir(parents=True)
-    fake = {"fp32_ms": 30.0, "bf16_ms": 10.0, "speedup": 3.0}
+    fake = {"fp32_ms": 30.0, "bf16_ms": 10.0, "speedup": 3.0, "quiet": True}
     path.write_text(json.dumps({json.dumps(ident, sort_keys=True): fake}))
     chosen = P.resolve_precision("auto", "cpu")
     assert chosen.name == "bf16" and chosen.probe["cached"] and "3.00x" in chosen.reason
@@ -72,11 +74,31 @@ def test_the_cache_is_keyed_by_the_machine(tmp_path):
     assert P.resolve_precision("auto", "cpu").probe["cached"] is False
 
 
+def test_a_probe_from_a_busy_machine_is_not_kept(tmp_path, monkeypatch):
+    """A cached verdict without a quiet-probe record (an older version's, or a busy machine's) is measured
+    again; a probe taken while other work holds the cores decides this run and is not cached."""
+    monkeypatch.setenv("AGENTGYM_CACHE", str(tmp_path / "cache"))
+    ident = P.cpu_identity()
+    path = tmp_path / "cache" / "precision_probe.json"
+    path.parent.mkdir(parents=True)
+    stale = {"fp32_ms": 185.0, "bf16_ms": 207.0, "speedup": 0.89}      # measured under a load of ~8
+    path.write_text(json.dumps({json.dumps(ident, sort_keys=True): stale}))
+    monkeypatch.setattr(P, "_machine_busy", lambda: (9.0, 2, True))
+    busy = P.resolve_precision("auto", "cpu")
+    assert busy.probe["cached"] is False and busy.probe["quiet"] is False and busy.probe["load"] == 9.0
+    assert json.loads(path.read_text())[json.dumps(ident, sort_keys=True)] == stale      # not kept
+    monkeypatch.setattr(P, "_machine_busy", lambda: (0.1, 2, False))
+    quiet = P.resolve_precision("auto", "cpu")
+    kept = json.loads(path.read_text())[json.dumps(ident, sort_keys=True)]
+    assert quiet.probe["cached"] is False and kept["quiet"] is True and kept["speedup"] == quiet.probe["speedup"]
+    assert P.resolve_precision("auto", "cpu").probe["cached"] is True
+
+
 def test_the_learner_runs_its_passes_under_the_chosen_autocast(env_id):  # noqa: F811
     policy = new_policy(0)
-    fp32 = make_learner("grpo", policy, LearnerConfig(lr=1e-3), precision="fp32")
-    bf16 = make_learner("grpo", new_policy(0), LearnerConfig(lr=1e-3), precision="bf16")
-    default = make_learner("grpo", new_policy(0), LearnerConfig(lr=1e-3))
+    fp32 = make("grpo", policy, dict(lr=1e-3), precision="fp32")
+    bf16 = make("grpo", new_policy(0), dict(lr=1e-3), precision="bf16")
+    default = make("grpo", new_policy(0), dict(lr=1e-3))
     assert (fp32.precision.name, bf16.precision.name, default.precision.name) == ("fp32", "bf16", "fp32")
     x = torch.randn(4, 8)
     w = torch.randn(8, 8)
@@ -109,5 +131,5 @@ def test_grpo_learns_the_tiny_task_in_every_precision_as_in_fp32(env_id, precisi
     Measured on seed 0 (AMD EPYC, bf16 emulated): fp32 reaches a batch reward of 1.99 of 2 at step 8, bf16
     1.94 at step 12. This test samples at temperature 0.1, and dividing logits by 0.1 magnifies their bf16
     rounding tenfold; at the temperatures real runs use (≈1) that effect is ten times smaller."""
-    cfg = LearnerConfig(lr=2e-3, temperature=TEMPERATURE, kl_coef=0.01, kl_estimator="k3", seed=0)
+    cfg = dict(lr=2e-3, temperature=TEMPERATURE, kl_coef=0.01, kl_estimator="k3", seed=0)
     assert_learned(learning_curve("grpo", env_id, cfg, steps=12, precision=precision))

@@ -372,3 +372,45 @@ def test_generation_with_kv_reuse_uses_no_deprecated_transformers_api(tok):
             if issubclass(w.category, (FutureWarning, DeprecationWarning)) and "transformers" in w.filename]
     assert ours == []
     assert [m for m in lines if "deprecat" in m.lower()] == []
+
+
+def test_cpu_gqa_attention_runs_a_bf16_update_in_fp32_and_generation_in_bf16(tok):
+    """Under bf16 autocast with gradients (a learner update) the attention kernel runs in fp32 (torch's CPU
+    flash kernel is ~3x slower backward in bf16) and returns bf16 like the projections around it; without
+    gradients (generation, no-grad passes) it runs in bf16. The bf16 update's gradients match fp32's to
+    bf16 rounding."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentgym.policies import models
+
+    class KernelDtypes(TorchDispatchMode):      # what the aten attention kernel really gets, after autocast
+        def __init__(self):
+            super().__init__()
+            self.seen: list[torch.dtype] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "scaled_dot_product" in str(func) and "backward" not in str(func):
+                self.seen.append(args[0].dtype)
+            return func(*args, **(kwargs or {}))
+
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = models.default_attention(LlamaForCausalLM(cfg))
+    ids = torch.randint(10, 1000, (3, 12))
+    mask = torch.tensor([[0] * 5 + [1] * 7, [1] * 12, [0] * 2 + [1] * 10])
+    grads = {}
+    for bf16 in (False, True):
+        model.zero_grad()
+        with KernelDtypes() as kernels, torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        assert kernels.seen == [torch.float32] * 2                                # fp32, in bf16's update too
+        logits.float()[mask.bool()].log_softmax(-1)[:, 5].mean().backward()    # a log-prob loss, as learners'
+        grads[bf16] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    for n, g in grads[False].items():
+        assert float((grads[True][n] - g).norm()) <= 0.05 * float(g.norm()) + 1e-8, n
+    with KernelDtypes() as kernels, torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids, attention_mask=mask)
+    assert kernels.seen == [torch.bfloat16] * 2                                   # generation keeps bf16
