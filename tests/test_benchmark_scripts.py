@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +57,7 @@ def _have(module: str) -> bool:
 
 def _code_sandbox() -> bool:
     """A sandbox CodeExec-v0's ``sandbox="auto"`` can use (docker or bwrap)."""
-    from agentgym.envs.sandbox import available_backends
+    from agentgym.envs.services.sandbox import available_backends
     status = available_backends()
     return "ok" in (status.get("docker"), status.get("bwrap"))
 
@@ -183,7 +184,7 @@ def test_sandbox_throughput(tmp_path):
     out = tmp_path / "sb.json"
     _run("sandbox.py", "--runs", "2", "--slow-runs", "2", "--threads", "1", "--backends", "bwrap", "subprocess",
          "--pool-size", "1", "--out", str(out))
-    from agentgym.envs.sandbox import available_backends
+    from agentgym.envs.services.sandbox import available_backends
     rows = json.loads(out.read_text())["rows"]
     want = {"subprocess"} | ({"bwrap"} if available_backends().get("bwrap") == "ok" else set())
     assert {r["backend"] for r in rows} == want
@@ -217,7 +218,7 @@ def test_collate_speed_checks_against_an_older_commit():
 @pytest.mark.skipif(not _code_sandbox(), reason="no isolating sandbox (docker or bwrap) on this machine")
 def test_humaneval_speed_times_the_oracle(tmp_path):
     out = tmp_path / "he.json"
-    from agentgym.envs.sandbox import available_backends
+    from agentgym.envs.services.sandbox import available_backends
     backend = "bwrap" if available_backends().get("bwrap") == "ok" else "docker"
     _run("humaneval_speed.py", "--backends", backend, "--problems", "2", "--out", str(out))
     res = json.loads(out.read_text())["backends"][backend]
@@ -226,5 +227,7 @@ def test_humaneval_speed_times_the_oracle(tmp_path):
 
 @pytest.mark.skipif(not _have("openenv"), reason="openenv-core (the 'protocols' extra) is not installed")
 def test_openenv_server_benchmark_runs_both_servers():
-    r = _run("openenv_server.py", "--sessions", "2", "--seconds", "1", timeout=300)
-    assert "ours" in r.stdout and "openenv" in r.stdout.lower()
+    r = _run("openenv_server.py", "--sessions", "2", "--seconds", "1", "--rounds", "2", timeout=300)
+    rounds = re.findall(r"^\s+(\d) (ours|openenv)\s", r.stdout, re.M)
+    assert rounds == [("1", "ours"), ("1", "openenv"), ("2", "openenv"), ("2", "ours")]  # alternating order
+    assert "median ratio ours/openenv" in r.stdout
