@@ -189,30 +189,28 @@ def cpu_gqa_sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: 
     (identical output), a decode step 1 167 vs 518 ms unpadded (benchmarks/RESULTS.md). Anything else —
     CUDA, no mask, no grouping, position biases, paged caches — goes to transformers' own function.
 
-    With gradients under bf16 autocast (a learner update) the kernel runs in fp32: torch's CPU flash
-    kernel is fast in bf16 forward but its bf16 backward is about 3x slower than its fp32 backward
-    (SmolLM2-135M update, 16 x 120 tokens, 2 threads, Xeon with AMX: 0.96 s vs 0.29 s of a 4.9 s bf16
-    update; the whole update 6.3 -> 4.3 s, fp32's 8.9-10.5 s; benchmarks/notes/performance.md). The
+    With gradients under bf16 autocast on the CPU (a learner update), masked or not, the kernel runs in
+    fp32 with autocast off for the call: torch's CPU flash kernel is fast in bf16 forward, but its bf16
+    backward is about 3x slower than its fp32 one (SmolLM2-135M sizes, 16 x 120 tokens, 2 threads, Xeon
+    with AMX: 0.91-0.96 s vs 0.30 s per update; benchmarks/notes/performance.md). The
     projections around it stay bf16; generation and no-grad passes keep the bf16 kernel."""
+    import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if query.device.type == "cpu" and torch.is_grad_enabled() and torch.is_autocast_enabled("cpu") and \
+            torch.get_autocast_dtype("cpu") == torch.bfloat16:   # a bf16 update: the kernel in fp32, autocast off
+        with torch.autocast("cpu", enabled=False):
+            out, weights = cpu_gqa_sdpa(module, query.float(), key.float(), value.float(), attention_mask,
+                                        dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+        return out.to(torch.bfloat16), weights
     groups = getattr(module, "num_key_value_groups", 1)
     if (query.device.type != "cpu" or groups <= 1 or attention_mask is None or kwargs.get("position_bias") is not None
             or kwargs.get("cache") is not None or kwargs.get("output_attentions")
             or key.shape[-1] != value.shape[-1]):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    import torch
-    bf16_update = torch.is_grad_enabled() and torch.is_autocast_enabled("cpu") and \
-        torch.get_autocast_dtype("cpu") == torch.bfloat16
-    if bf16_update:   # autocast would run the kernel in bf16: turn it off for the call, give fp32 inputs
-        with torch.autocast("cpu", enabled=False):
-            out = torch.nn.functional.scaled_dot_product_attention(
-                query.float(), key.float(), value.float(), attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
-                is_causal=False, enable_gqa=True).to(torch.bfloat16)
-    else:
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                               dropout_p=dropout, scale=scaling, is_causal=False,
-                                                               enable_gqa=True)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=dropout, scale=scaling, is_causal=False,
+                                                           enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -400,6 +400,10 @@ def test_cpu_gqa_attention_runs_a_bf16_update_in_fp32_and_generation_in_bf16(tok
     torch.manual_seed(0)
     model = models.default_attention(LlamaForCausalLM(cfg))
     ids = torch.randint(10, 1000, (3, 12))
+    for no_padding in (None, torch.ones_like(ids)):        # without padding transformers drops the mask
+        with KernelDtypes() as kernels, torch.autocast("cpu", dtype=torch.bfloat16):
+            model(input_ids=ids, attention_mask=no_padding).logits.float().mean().backward()
+        assert kernels.seen == [torch.float32] * 2
     mask = torch.tensor([[0] * 5 + [1] * 7, [1] * 12, [0] * 2 + [1] * 10])
     grads = {}
     for bf16 in (False, True):
