@@ -96,7 +96,11 @@ def load_trained_policy(spec: str, *, device: str | None = None, dtype: Any = No
     from agentgym.policies.models import load_model
     from agentgym.policies.transformers_policy import TransformersPolicy
     if spec == TINY_RANDOM:
-        return TransformersPolicy.tiny_random(seed=seed, device=device, **options)
+        policy = TransformersPolicy.tiny_random(seed=seed, device=device, **options)
+        if dtype is not None:          # as every other spec: the weights in the dtype asked for
+            import torch
+            policy.model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+        return policy
     ckpt = trainer_checkpoint(spec)
     if ckpt is not None:
         base, base_seed = _run_base(ckpt.parent.parent / "config.yaml")

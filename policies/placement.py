@@ -13,7 +13,7 @@ The rules, by the backend's declared capabilities (never its name):
 
 A backend that ``follows_run_precision`` gets ``precision=`` (it generates under the run's autocast);
 one that runs as an ``engine_bf16_with_run`` runs in bf16 when the run does (fp32 master weights
-stay with the learner) unless ``dtype`` is set. A separate sampler must declare
+stay with the learner) unless ``dtype`` is set — a single engine and Ray rollout workers alike. A separate sampler must declare
 ``supports_weight_sync`` (the trainer syncs it after every update), else training is refused.
 """
 
@@ -48,7 +48,8 @@ def place_sampler(cfg: Any, backend: str, precision: Any, policy: Any | None = N
     if cfg.rollout_workers > 0:             # engines in Ray actors
         from agentgym.policies.ray_pool import RayPolicyPool
         sampler = RayPolicyPool(cfg.model, num_workers=cfg.rollout_workers, backend=backend, seed=cfg.seed,
-                                address=cfg.rollout.ray_address, weight_transfer=cfg.weight_transfer, **options)
+                                address=cfg.rollout.ray_address, weight_transfer=cfg.weight_transfer,
+                                dtype=sampler_dtype, **options)
     elif colocated:
         sampler = policy                    # samples with the module being trained
     else:                                   # a separate engine, loaded from the same weights

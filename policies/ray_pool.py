@@ -200,12 +200,13 @@ def _gpu_uuid(device: Any) -> str | None:
 # ------------------------------------------------------------------ the actor
 
 class _PolicyHost:
-    def __init__(self, spec: str, backend: str, seed: int, options: Mapping[str, Any], threads: int):
+    def __init__(self, spec: str, backend: str, seed: int, options: Mapping[str, Any], threads: int,
+                 dtype: Any = None):
         import torch
 
         from agentgym.policies.loading import load_policy
         torch.set_num_threads(threads)
-        self.policy = load_policy(spec, backend, seed=seed, **dict(options))
+        self.policy = load_policy(spec, backend, seed=seed, dtype=dtype, **dict(options))
         self._group: _WeightGroup | None = None
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Generation]:
@@ -249,6 +250,10 @@ class _PolicyHost:
         if self._group is not None:
             self._group.shutdown()
             self._group = None
+
+    def weight_dtypes(self) -> list[str]:
+        """The dtypes of the policy's module's tensors (``policy.model``): what precision the engine runs in."""
+        return sorted({str(v.dtype) for v in self.policy.model.state_dict().values()})
 
     def state_digest(self) -> dict[str, str]:
         """SHA-256 of every tensor of the policy's module (``policy.model``): for exact weight checks."""
@@ -331,7 +336,10 @@ class RayPolicyPool(TokenBackend):
     on 2 CPU cores gloo pushed SmolLM2-135M in 1.38 s against the object store's 2.16 s; on GPUs NCCL
     keeps the weights on the devices). ``weight_bucket_mb``: the size of the packed buffers a collective
     push broadcasts (one per bucket instead of one per tensor). ``weight_sync_timeout_s``: how long
-    the group set-up and every broadcast may take before they fail with an error.
+    the group set-up and every broadcast may take before they fail with an error. ``dtype``: the engines'
+    weights' dtype (None: the loader's default), as for one engine: a vLLM engine runs in bf16 when the
+    run's precision is bf16 (:func:`~agentgym.policies.placement.place_sampler`), whether in this process or
+    in Ray actors; the learner keeps fp32 master weights and pushes them, and each engine casts on load.
     """
 
     supports_weight_sync = True
@@ -340,7 +348,7 @@ class RayPolicyPool(TokenBackend):
     def __init__(self, spec: str, *, num_workers: int = 2, backend: str | None = None, seed: int = 0,
                  address: str | None = None, resources: Mapping[str, Any] | None = None,
                  threads_per_worker: int = 1, weight_transfer: str = "auto", weight_bucket_mb: float = 256,
-                 weight_sync_timeout_s: float = 300.0, **options: Any):
+                 weight_sync_timeout_s: float = 300.0, dtype: Any = None, **options: Any):
         import ray
 
         from agentgym.policies.loading import load_tokenizer_for
@@ -363,7 +371,7 @@ class RayPolicyPool(TokenBackend):
         self.tokenizer = load_tokenizer_for(spec)
         self.name = f"{spec} x{num_workers} ({backend})"
         cls = ray.remote(_PolicyHost).options(**dict(resources or {"num_cpus": threads_per_worker}))
-        self.workers = [cls.remote(spec, backend, seed, options, threads_per_worker) for _ in range(num_workers)]
+        self.workers = [cls.remote(spec, backend, seed, options, threads_per_worker, dtype) for _ in range(num_workers)]
         # loaded (errors surface here, not mid-rollout); each actor's GPU decides the collective's backend
         self._worker_gpus = ray.get([w.gpu.remote() for w in self.workers])
 

@@ -121,6 +121,48 @@ def test_rollout_workers_generate_like_one_engine_and_take_weight_pushes():
         pool.close()
 
 
+def test_rollout_workers_get_the_engine_dtype_the_run_precision_gives():
+    """Ray rollout workers load their engine in the dtype placement resolves (a vLLM engine runs bf16 when
+    the run's precision is bf16, as one engine does): the dtype reaches each actor's loader, and weight
+    pushes from fp32 master weights are cast on load."""
+    from agentgym.policies.ray_pool import RayPolicyPool
+    pool = RayPolicyPool("tiny-random", num_workers=1, seed=0, dtype="bfloat16")
+    try:
+        assert ray.get(pool.workers[0].weight_dtypes.remote()) == ["torch.bfloat16"]
+        trained = TransformersPolicy.tiny_random(seed=1).model          # fp32 master weights
+        assert pool.sync_weights(trained) > 0
+        assert ray.get(pool.workers[0].weight_dtypes.remote()) == ["torch.bfloat16"]
+        local = TransformersPolicy.tiny_random(seed=0)
+        prompt = [local.tokenizer.encode("What is 2 + 2?")]
+        assert len(pool.generate(prompt, SamplingParams(max_new_tokens=4, greedy=True))[0].token_ids) > 0
+    finally:
+        pool.close()
+
+
+def test_placement_gives_ray_vllm_workers_the_run_s_bf16(monkeypatch):
+    """The placement rule hands Ray rollout workers the engine dtype it gives one engine: bf16 for a vLLM
+    sampler when the run's precision is bf16, the loader's default otherwise (the pool's construction is
+    recorded instead of starting vLLM engines in actors)."""
+    import agentgym.policies.ray_pool as ray_pool
+    from agentgym.algorithms.config import TrainConfig
+    from agentgym.policies.placement import place_sampler
+    from agentgym.precision import resolve_precision
+    seen: dict = {}
+
+    class Recorded(ray_pool.RayPolicyPool):
+        def __init__(self, *args, **kwargs):
+            seen.update(kwargs)
+            raise RuntimeError("recorded")
+
+    monkeypatch.setattr(ray_pool, "RayPolicyPool", Recorded)
+    cfg = TrainConfig(model="tiny-random", output_dir="unused", rollout_workers=1, backend="vllm")
+    for precision, dtype in (("bf16", "bfloat16"), ("fp32", None)):
+        seen.clear()
+        with pytest.raises(RuntimeError, match="recorded"):
+            place_sampler(cfg, "vllm", resolve_precision(precision, "cpu"), TransformersPolicy.tiny_random(seed=0))
+        assert seen["dtype"] == dtype, precision
+
+
 def test_train_with_ray_rollout_workers_and_env_actors(tmp_path):
     from agentgym.app.cli import main
     out = tmp_path / "run"
