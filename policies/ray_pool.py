@@ -23,9 +23,8 @@ prefix cache). Two transports move the tensors there (``weight_transfer=``):
 * ``"auto"`` (default): ``"collective"`` everywhere, because even the CPU path was faster: pushing
   SmolLM2-135M fp32 (513 MB on the wire) to 2 actors on the 2-core dev machine (loaded, load average
   3.6–4.3) took 1.38 s by gloo against 2.16 s through the object store (median of 3, interleaved;
-  ``benchmarks/scale_out.py --sections weight_push``; an earlier run: 1.35 / 2.21 s); one broadcast per
-  tensor (273) instead of 3 packed buckets took 1.51 s. On GPUs NCCL also skips the
-  device→host→store→host→device copies.
+  ``benchmarks/scale_out.py --sections weight_push``; an earlier run: 1.35 / 2.21 s); one broadcast per tensor
+  (273) instead of 3 packed buckets took 1.51 s. On GPUs NCCL also skips the device→host→store→host→device copies.
 
 The group is opened at the first collective push (its backend depends on where the weights are) and
 reused by later ones; :meth:`close` tears it down on both sides, and a garbage-collected pool shuts
@@ -34,9 +33,8 @@ before it loads them, so a load error (wrong names or shapes) is raised after th
 leaves no rank blocked in it; an actor that dies or cannot reach the store fails the set-up with an
 error naming its rank, within ``weight_sync_timeout_s``.
 
-Seeds: with ``SamplingParams.seed = s``, actor ``i`` samples its share with seed ``s + 1_000_003·i`` so
-the pool is reproducible for a fixed number of workers (sampled ids differ from one engine's, as they
-would between any two engines).
+Seeds: with ``SamplingParams.seed = s``, actor ``i`` samples its share with seed ``s + 1_000_003·i`` so the pool
+is reproducible for a fixed number of workers (sampled ids differ from one engine's, as between any two engines).
 """
 
 from __future__ import annotations
@@ -251,8 +249,7 @@ class _PolicyHost:
             self._group.shutdown()
             self._group = None
 
-    def weight_dtypes(self) -> list[str]:
-        """The dtypes of the policy's module's tensors (``policy.model``): what precision the engine runs in."""
+    def weight_dtypes(self) -> list[str]:   # the dtypes of the policy's module's tensors (``policy.model``)
         return sorted({str(v.dtype) for v in self.policy.model.state_dict().values()})
 
     def state_digest(self) -> dict[str, str]:
@@ -337,9 +334,7 @@ class RayPolicyPool(TokenBackend):
     keeps the weights on the devices). ``weight_bucket_mb``: the size of the packed buffers a collective
     push broadcasts (one per bucket instead of one per tensor). ``weight_sync_timeout_s``: how long
     the group set-up and every broadcast may take before they fail with an error. ``dtype``: the engines'
-    weights' dtype (None: the loader's default), as for one engine: a vLLM engine runs in bf16 when the
-    run's precision is bf16 (:func:`~agentgym.policies.placement.place_sampler`), whether in this process or
-    in Ray actors; the learner keeps fp32 master weights and pushes them, and each engine casts on load.
+    weights' dtype, as :func:`~agentgym.policies.placement.place_sampler` gives one engine (None: the default).
     """
 
     supports_weight_sync = True
