@@ -8,7 +8,7 @@ no compatibility aliases before 1.0, a name lives in the one module that defines
 """
 
 from agentgym import parsing, rewards
-from agentgym.core import AgentEnv, Transition
+from agentgym.core import AgentEnv, EnvConfig, Transition
 from agentgym.registry import NAMESPACE, list_envs, make, register, spec
 from agentgym.rewards import Reward, StepEvent, shaper
 from agentgym.spaces import MessageList, UnicodeText
@@ -19,7 +19,7 @@ from agentgym.registry import _register_builtins
 __version__ = "0.1.0"
 
 __all__ = [
-    "AgentEnv", "Transition", "NAMESPACE", "register", "make", "list_envs", "spec",
+    "AgentEnv", "EnvConfig", "Transition", "NAMESPACE", "register", "make", "list_envs", "spec",
     "Reward", "StepEvent", "shaper", "rewards", "parsing",
     "UnicodeText", "MessageList", "Tool", "ToolResult", "ToolSet", "tool", "FullHistory",
 ]

@@ -13,7 +13,7 @@ import json
 import types
 import typing
 from pathlib import Path
-from typing import Any, Collection, Iterator, Mapping, NamedTuple, Sequence, TypeVar
+from typing import Any, Callable, Collection, Iterator, Mapping, NamedTuple, Sequence, TypeVar
 
 __all__ = ["ConfigError", "from_dict", "to_dict", "load_config", "apply_overrides", "parse_value", "save_config",
            "canonical_key", "same_config",
@@ -28,7 +28,7 @@ class ConfigError(ValueError):
 
 def _key_hint(key: str, names: Collection[str], hints: Mapping[str, Any], section: str) -> str:
     """`` (did you mean 'steps'?)`` for a mistyped key: the closest key of this section or of the configs
-    nested in it, two levels down (``lr`` at the top level: ``learner.lr``; ``rollout.max_new_token``:
+    nested in it, two levels down (``lr`` at the top level: ``optim.lr``; ``rollout.max_new_token``:
     ``rollout.sampling.max_new_tokens``); a key of this section comes alone, a nested key that stands in
     several sections is named in each. Empty when nothing is close."""
     import difflib
@@ -181,22 +181,41 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     section = prefix.rstrip(".")
     if _aliases(cls) and any(k.split(".")[0] in data for k in _aliases(cls)):
         data = _canonicalize(cls, data)
-    hints = typing.get_type_hints(cls)
+    hints = _section_types(cls, data, section)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = set(data) - names
     if unknown:
-        removed = getattr(cls, "config_removed", {}) or {}
+        renamed = getattr(cls, "config_renamed", {}) or {}
         for k in sorted(unknown):
-            if k in removed:
-                raise ConfigError(f"{_join(section, k)}: {removed[k]}")
+            if k in renamed:
+                raise ConfigError(f"{_join(section, k)} was renamed {renamed[k]}")
         named = ", ".join(_join(section, k) + _key_hint(k, names, hints, section) for k in sorted(unknown))
-        raise ConfigError(f"unknown config key(s) {named}; valid: {', '.join(sorted(names))}")
+        owner = f" (not settings of {cls.__name__})" if getattr(cls, "config_named_in_errors", False) else ""
+        raise ConfigError(f"unknown config key(s) {named}{owner}; valid: {', '.join(sorted(names))}")
     kwargs = {k: _coerce(v, hints[k], _join(section, k)) for k, v in data.items()}
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
         # the section's own check failed (e.g. SamplingConfig's top_p range): name the section
         raise ConfigError(f"{section or cls.__name__}: {e}") from None
+
+
+def _section_types(cls: Any, data: Mapping[str, Any], section: str) -> dict[str, Any]:
+    """``cls``'s field types, with each section whose class depends on another field resolved:
+    metadata ``{"defaults_belong_to": OWNER, "type_by_owner": fn}`` makes the section's class
+    ``fn(value of OWNER)`` (``TrainConfig.learner``: the chosen ``algo``'s typed config)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        choose = f.metadata.get("type_by_owner")
+        if choose is None:
+            continue
+        owner = f.metadata["defaults_belong_to"]
+        value = data.get(owner, next(o.default for o in dataclasses.fields(cls) if o.name == owner))
+        try:
+            hints[f.name] = choose(value)
+        except ValueError as e:
+            raise ConfigError(f"{_join(section, owner)}: {e}") from None
+    return hints
 
 
 def to_dict(obj: Any) -> Any:
@@ -247,7 +266,7 @@ def parse_value(text: str) -> Any:
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """``["learner.lr=1e-5", "steps=3"]`` applied to a nested dict (values parsed as YAML)."""
+    """``["optim.lr=1e-5", "steps=3"]`` applied to a nested dict (values parsed as YAML)."""
     data = json.loads(json.dumps(data))  # deep copy of plain data
     for o in overrides:
         if "=" not in o:
@@ -386,7 +405,7 @@ def config_fields(config: Any, prefix: str = "") -> Iterator[ConfigField]:
     """Every knob of ``config`` (a config dataclass, or an instance of one), nested sections recursed.
 
     Defaults are read off an instance (``config()`` for a class), so a section whose default comes from
-    a factory (``TrainConfig.learner.lr``) shows the value a run gets. A section is a field whose value
+    a factory (``TrainConfig.optim.lr``) shows the value a run gets. A section is a field whose value
     is a dataclass; it is yielded itself (default ``"(section)"``) before its knobs.
     """
     obj = config() if isinstance(config, type) else config
@@ -401,10 +420,12 @@ def config_fields(config: Any, prefix: str = "") -> Iterator[ConfigField]:
             yield ConfigField(path, _type_text(f.type), value, f.metadata.get("help", ""))
 
 
-def format_config_table(config: Any, title: str | None = None) -> str:
-    """A plain-text table of :func:`config_fields`: one line per knob, ``path  type  default  help``."""
+def format_config_table(config: Any, title: str | None = None, *, prefix: str = "",
+                        keep: Callable[[ConfigField], bool] | None = None) -> str:
+    """A plain-text table of :func:`config_fields` (paths under ``prefix``; only the knobs ``keep``
+    accepts, when given): one line per knob, ``path  type  default  help``."""
     rows = [(k.path, k.type, json.dumps(k.default, default=str) if k.default != "(section)" else "", k.help)
-            for k in config_fields(config)]
+            for k in config_fields(config, prefix) if keep is None or keep(k)]
     # a long default (a dict) overflows its own line rather than pushing every help to the right
     widths = [min(cap, max(len(r[i]) for r in rows + [("path", "type", "default", "")]))
               for i, cap in enumerate((40, 24, 16))]

@@ -10,10 +10,11 @@ summary and ``ansi`` rendering.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -22,7 +23,7 @@ from agentgym.errors import InfraError
 from agentgym.rewards import Reward, StepEvent, StepRecord, exact_match, resolve_reward
 from agentgym.spaces import Message, MessageList, UnicodeText
 
-__all__ = ["AgentEnv", "Transition"]
+__all__ = ["AgentEnv", "EnvConfig", "Transition"]
 
 
 @dataclass
@@ -43,6 +44,36 @@ class Transition:
     terminated: bool = False
     answer: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EnvConfig:
+    """The settings every :class:`AgentEnv` takes. An env's own config extends it (``class MathConfig(EnvConfig)``),
+    adding its settings and redeclaring one of these where its default differs; :meth:`AgentEnv.__init__`
+    takes these five as keywords with these defaults, so an env without a config (a user's) has them too."""
+    reward: Reward | Mapping[str, float] | str | None = field(default=None, metadata={
+        "help": "the reward: a Reward, new weights for the env's terms ({term: weight, 'module:attr': weight}) "
+                "or 'module:attr'; null: the env's default reward"})
+    max_turns: int = field(default=8, metadata={"help": "turns before the episode is truncated (>= 1)"})
+    max_action_chars: int = field(default=16_384, metadata={
+        "help": "a longer reply is an invalid action (its observation says so)"})
+    render_mode: str | None = field(default=None, metadata={"help": "'ansi' (render() returns the chat) or null"})
+    group_reward: Any = field(default=None, metadata={
+        "help": "a GroupReward the rollout engine applies to each finished group; null: none"})
+
+    @classmethod
+    def build(cls, config: EnvConfig | None = None, settings: Mapping[str, Any] | None = None) -> Any:
+        """What an env's constructor is given, as one config: ``config`` (an instance of this class, or None
+        for the defaults) with the keyword ``settings`` over it. An unknown name is a ``TypeError`` that lists
+        the known ones; a bad value is the ``ValueError`` of the config's ``__post_init__``."""
+        settings = dict(settings or {})
+        if config is not None and not isinstance(config, cls):
+            raise TypeError(f"config must be a {cls.__name__}, got {type(config).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in settings:
+            if key not in names:
+                raise TypeError(f"{cls.__name__} has no setting {key!r}; its settings: {', '.join(names)}")
+        return dataclasses.replace(config, **settings) if config is not None else cls(**settings)
 
 
 def _copy_messages(messages: Sequence[Message]) -> list[Message]:
@@ -84,8 +115,15 @@ class AgentEnv(gym.Env[list, str]):
       names it and passes it on; the env itself never uses it.
     * ``num_tasks``: how many task indices exist (``None``: unbounded), for drawing tasks.
 
-    Constructor arguments are checked before an env is built (:func:`agentgym.registry.check_env_kwargs`)
-    against :meth:`constructor_parameters`: the class's own and, through ``**kwargs``, its bases'.
+    **Settings.** ``config_class`` declares an env's settings as one typed dataclass extending
+    :class:`EnvConfig` (types, defaults and ``metadata={"help": ...}``; value checks in its ``__post_init__``).
+    Such an env's constructor is ``__init__(self, config=None, **settings)``: it builds ``self.config =
+    self.config_class.build(config, settings)``, so ``make("Math-v0", difficulty=0)`` and
+    ``MathEnv(MathConfig(difficulty=0))`` are the same env, and each default is declared once, in the
+    config. ``agentgym config env ID`` lists the config's fields, and ``env_kwargs`` are checked against
+    them before a run loads a model (:func:`agentgym.registry.check_env_kwargs`). An env without a config
+    (``config_class = None``, the default) is described by its constructor's signature instead:
+    :meth:`constructor_parameters` covers both.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -94,11 +132,14 @@ class AgentEnv(gym.Env[list, str]):
     observation_style: str = "chat"
     group_reward: Any = None
     num_tasks: int | None = None
+    #: the env's settings (a dataclass extending :class:`EnvConfig`); None: its constructor's signature
+    config_class: ClassVar[type[EnvConfig] | None] = None
     #: action types counted as tool calls in the episode summary
     tool_action_types: tuple[str, ...] = ("search", "tool_call", "code")
 
-    def __init__(self, *, reward: Reward | Mapping[str, float] | str | None = None, max_turns: int = 8,
-                 max_action_chars: int = 16_384, render_mode: str | None = None, group_reward: Any = None):
+    def __init__(self, *, reward: Reward | Mapping[str, float] | str | None = EnvConfig.reward,
+                 max_turns: int = EnvConfig.max_turns, max_action_chars: int = EnvConfig.max_action_chars,
+                 render_mode: str | None = EnvConfig.render_mode, group_reward: Any = EnvConfig.group_reward):
         if group_reward is not None:
             self.group_reward = group_reward
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -125,13 +166,23 @@ class AgentEnv(gym.Env[list, str]):
     @classmethod
     def constructor_parameters(cls) -> dict[str, inspect.Parameter]:
         """Every keyword the constructor accepts: this class's ``__init__`` parameters and, where one
-        passes ``**kwargs`` on, those of the next ``__init__`` up the class hierarchy (ending at
-        :meth:`AgentEnv.__init__`, which takes no ``**kwargs``)."""
+        passes ``**kwargs`` on, those of the next ``__init__`` up the class hierarchy, ending at the one
+        that takes a ``config`` (then ``config`` and the fields of ``cls.config_class``) or at
+        :meth:`AgentEnv.__init__`, which takes no ``**kwargs``."""
         out: dict[str, inspect.Parameter] = {}
         for klass in cls.__mro__:
             if "__init__" not in vars(klass):
                 continue
             params = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]   # drop self
+            if cls.config_class is not None and any(p.name == "config" for p in params):
+                shared = {f.name for f in dataclasses.fields(EnvConfig)}   # the env's own settings first
+                for f in sorted(dataclasses.fields(cls.config_class), key=lambda field_: field_.name in shared):
+                    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                    out.setdefault(f.name, inspect.Parameter(
+                        f.name, inspect.Parameter.KEYWORD_ONLY, annotation=f.type,
+                        default=inspect.Parameter.empty if default is dataclasses.MISSING else default))
+                out.setdefault("config", inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None))
+                return out
             var_kw = None
             for p in params:
                 if p.kind is p.VAR_KEYWORD:

@@ -8,6 +8,7 @@ A user's env registers exactly the same way.
 from __future__ import annotations
 
 import collections.abc as cabc
+import dataclasses
 import difflib
 import inspect
 import numbers
@@ -74,32 +75,47 @@ def make(id: str, **kwargs: Any) -> gym.Env:
 
 
 def check_env_kwargs(id: str, kwargs: dict[str, Any]) -> None:
-    """Check constructor arguments against the env's signature before Gymnasium builds it, so a typo
-    or a wrong type is named in one line (``Math-v0: max_turns must be int or None, got 'abc'``)
+    """Check constructor arguments against the env's declared settings before Gymnasium builds it, so a
+    typo or a wrong type is named in one line (``Math-v0: max_turns must be int or None, got 'abc'``)
     instead of surfacing as an error from deep inside the constructor.
 
-    Lenient by design: only names (when the constructor takes no ``**kwargs``) and the plain types
-    ``int``, ``float``, ``str``, ``bool``, ``None``, ``Sequence[...]``, ``Mapping[...]`` and ``Path``
-    in the annotations are checked; anything else (``Any``, a class, an unresolvable hint) passes.
-    Raises ``TypeError``."""
+    The settings are :meth:`~agentgym.core.AgentEnv.constructor_parameters`: an env's ``config_class``
+    fields, else its constructor's signature (of a string entry point; a class registered as an object
+    is checked only when it declares a config, as its ``**kwargs`` may take anything). Names are
+    checked (unless a signature takes ``**kwargs`` it does not pass on), and the plain types ``int``,
+    ``float``, ``str``, ``bool``, ``None``, ``Sequence[...]``, ``Mapping[...]`` and ``Path`` in the
+    annotations; anything else (``Any``, a class, an unresolvable hint) passes. Raises ``TypeError``;
+    for an env with a config, the config is then built from the registered and given values, so its
+    value checks (ranges, choices) raise their ``ValueError`` here too."""
     fid = full_id(id)
     try:
-        creator = gym.envs.registration.load_env_creator(gym.spec(fid).entry_point)
+        entry = gym.spec(fid).entry_point   # a "module:attr" string or the class / callable itself
+        creator = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
         params = entry_point_parameters(creator)
     except Exception:  # an entry point we cannot inspect: Gymnasium reports what it finds
         return
+    if not isinstance(entry, str) and getattr(creator, "config_class", None) is None:
+        return  # an object registered without a declared config: its constructor alone judges its arguments
     name = fid.split("/", 1)[-1]
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
         known = [k for k, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         for key in kwargs:
             if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
+                close = difflib.get_close_matches(str(key), known, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else f"; it takes: {', '.join(known)}"
                 raise TypeError(f"{name}: no argument {key!r}{hint}")
     hints = _type_hints(creator)
     for key, value in kwargs.items():
         if key in hints and not _fits(value, hints[key]):
             raise TypeError(f"{name}: {key} must be {_describe(hints[key])}, got {value!r}"[:300])
+    config_class = getattr(creator, "config_class", None)
+    if config_class is not None:
+        fields = {f.name for f in dataclasses.fields(config_class)}
+        given = {**(gym.spec(fid).kwargs or {}), **kwargs}
+        try:
+            config_class.build(given.get("config"), {k: v for k, v in given.items() if k in fields})
+        except (TypeError, ValueError) as e:
+            raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{name}: {e}") from None
 
 
 def entry_point_parameters(creator: Any) -> Mapping[str, inspect.Parameter]:
@@ -113,14 +129,16 @@ def entry_point_parameters(creator: Any) -> Mapping[str, inspect.Parameter]:
 
 
 def _type_hints(creator: Any) -> dict[str, Any]:
-    """Annotations of the constructor chain (the most derived class's win); hints that do not resolve
-    are left out (the check is lenient about what it cannot read)."""
-    inits = ([vars(k)["__init__"] for k in reversed(creator.__mro__) if "__init__" in vars(k)]
-             if isinstance(creator, type) else [creator])
+    """Annotations of the constructor chain (the most derived class's win) and of the config it declares;
+    hints that do not resolve are left out (the check is lenient about what it cannot read)."""
+    sources = ([vars(k)["__init__"] for k in reversed(creator.__mro__) if "__init__" in vars(k)]
+               if isinstance(creator, type) else [creator])
+    if getattr(creator, "config_class", None) is not None:
+        sources.append(creator.config_class)
     hints: dict[str, Any] = {}
-    for init in inits:
+    for source in sources:
         try:
-            hints.update(typing.get_type_hints(init))
+            hints.update(typing.get_type_hints(source))
         except Exception:
             continue
     hints.pop("return", None)
@@ -136,7 +154,7 @@ def check_run_env_kwargs(id: str, env_kwargs: Any, eval_env_kwargs: Any = None) 
     def check(key: str, kwargs: dict[str, Any]) -> None:
         try:
             check_env_kwargs(id, kwargs)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:
             raise ConfigError(f"{key}: {e}") from None
 
     check("env_kwargs", dict(env_kwargs or {}))

@@ -1,16 +1,17 @@
 """Advantage estimators: per-token rewards → per-token advantages and returns, one registered
 function each, all with one signature (the pattern of veRL's ``core_algos``, not its code)::
 
-    @register_advantage("name", credits=(...), settings=(...), defaults={...})
+    @register_advantage("name", credits=(...), settings=(...))
     def my_estimator(inputs: AdvantageInputs, config) -> advantages | (advantages, returns)
 
 ``inputs`` holds the batch's trajectories and ``(B, T)`` token tensors with per-turn views
-(:class:`AdvantageInputs`); ``config`` is the learner's typed config, which carries the settings the
-estimator declares (small dataclasses below, with the estimator's own ``defaults``). The math lives
-in :mod:`.returns`; this module only says how each estimator combines it.
+(:class:`AdvantageInputs`); ``config`` is the learner's typed config, which subclasses the settings
+blocks the estimator declares (small dataclasses below; a learner's config sets the values it needs,
+e.g. its ``credit``). The math lives in :mod:`.returns`; this module only says how each estimator
+combines it.
 
 =========  ==========================  ===================================================
-name       credits (first = default)   what it is
+name       credits                     what it is
 =========  ==========================  ===================================================
 returns    turn, episode               REINFORCE: return minus a batch baseline, or ReBN
 group      episode, turn, gigpo        GRPO: returns normalised within the task's group
@@ -22,6 +23,7 @@ gae        token, turn                 PPO: GAE with a critic, whitened over the
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
@@ -30,9 +32,9 @@ import torch
 from agentgym.trajectory import Trajectory
 
 from agentgym.algorithms.batch import pad_token_lists
-from agentgym.algorithms.losses import masked_whiten
+from agentgym.algorithms.losses import Settings, masked_whiten
 from agentgym.algorithms.registry import Registry
-from agentgym.algorithms.returns import (broadcast_to_tokens, discounted_returns, episode_returns, gae,
+from agentgym.algorithms.returns import (CREDITS, broadcast_to_tokens, discounted_returns, episode_returns, gae,
                                          group_normalize, leave_one_out, make_baseline, observation_history_keys,
                                          rebn, turn_gae, turn_group_normalize, turn_rewards)
 
@@ -45,7 +47,7 @@ BASELINES = ("none", "mean", "ema", "rebn")
 # --------------------------------------------------------------------------- the estimators' settings
 
 @dataclass
-class ReturnSettings:
+class ReturnSettings(Settings):
     """Every advantage estimator: ``credit`` — how step rewards reach each turn's tokens (``episode``,
     ``turn``, ``gigpo`` or ``token``; see :mod:`.returns`), ``gamma`` (the per-turn discount; GAE's
     per-token one for ``token``), ``adv_eps`` (added to a std before dividing)."""
@@ -55,17 +57,30 @@ class ReturnSettings:
         "help": "discount in [0, 1]: per turn; per token with credit=token"})
     adv_eps: float = field(default=1e-6, metadata={"help": "added to a std before dividing by it"})
 
+    def __post_init__(self) -> None:
+        if self.credit not in CREDITS:
+            raise ValueError(f"credit must be one of {CREDITS}, got {self.credit!r}")
+        _check_unit("gamma", self.gamma)
+        super().__post_init__()
+
 
 @dataclass
-class BaselineSettings:
+class BaselineSettings(Settings):
     """REINFORCE's batch baseline: ``none``, ``mean``, ``ema`` (``baseline_momentum``) or ``rebn``."""
     baseline: str = field(default="rebn", metadata={
         "help": "REINFORCE's baseline: none, mean (of the batch), ema (moving mean) or rebn (normalised returns)"})
     baseline_momentum: float = field(default=0.9, metadata={"help": "the ema baseline's momentum, in [0, 1)"})
 
+    def __post_init__(self) -> None:
+        if self.baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
+        if not 0 <= self.baseline_momentum < 1:
+            raise ValueError(f"baseline_momentum must be in [0, 1), got {self.baseline_momentum}")
+        super().__post_init__()
+
 
 @dataclass
-class GroupSettings:
+class GroupSettings(Settings):
     """Group estimators: ``group_scale`` (False = Dr.GRPO, no std division); ``turn_adv_weight``: GiGPO's
     ω, the weight of the turn-level term under ``credit="gigpo"``."""
     group_scale: bool = field(default=True, metadata={
@@ -73,13 +88,27 @@ class GroupSettings:
     turn_adv_weight: float = field(default=1.0, metadata={
         "help": "GiGPO's omega (>= 0): the weight of the turn-level term under credit=gigpo"})
 
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.turn_adv_weight) and self.turn_adv_weight >= 0):
+            raise ValueError(f"turn_adv_weight must be a finite number >= 0, got {self.turn_adv_weight}")
+        super().__post_init__()
+
 
 @dataclass
-class GAESettings:
+class GAESettings(Settings):
     """GAE: ``lam``; ``whiten_advantages`` over the batch (PPO)."""
     lam: float = field(default=1.0, metadata={"help": "GAE's lambda, in [0, 1]"})
     whiten_advantages: bool = field(default=True, metadata={
         "help": "normalise GAE advantages to mean 0, std 1 over the batch (PPO)"})
+
+    def __post_init__(self) -> None:
+        _check_unit("lam", self.lam)
+        super().__post_init__()
+
+
+def _check_unit(name: str, value: float) -> None:
+    if not 0 <= value <= 1:
+        raise ValueError(f"gamma and lam must be in [0, 1], got {name}={value}")
 
 
 # --------------------------------------------------------------------------- what an estimator sees
@@ -144,15 +173,13 @@ class AdvantageEstimator:
     ``(B, T)``; the learner multiplies both by the training mask.
 
     :func:`register_advantage` builds one from a function; a subclass may instead override
-    ``__call__``. Class attributes: ``credits`` (the ``credit`` choices supported, the first the
-    default; None: ``credit`` is not read), ``settings`` and ``defaults`` (the config dataclasses it
-    reads, its values for them), ``critic`` (it needs value estimates: the learner then owns a
+    ``__call__``. Class attributes: ``credits`` (the ``credit`` choices supported; None: ``credit`` is
+    not read), ``settings`` (the settings blocks it reads: a learner's config subclasses them), ``critic`` (it needs value estimates: the learner then owns a
     critic), ``needs_groups`` (it compares trajectories of a group), ``make_state`` (``config ->``
     the state kept across updates, with ``state_dict`` / ``load_state_dict``; None: stateless).
     """
     name: ClassVar[str] = ""
     settings: ClassVar[tuple[type, ...]] = (ReturnSettings,)
-    defaults: ClassVar[dict[str, Any]] = {}
     credits: ClassVar[tuple[str, ...] | None] = ("episode",)
     critic: ClassVar[bool] = False
     needs_groups: ClassVar[bool] = False
@@ -160,9 +187,9 @@ class AdvantageEstimator:
 
     def __init__(self, config: Any):
         self.config = config
-        credit = getattr(config, "credit", None)
+        credit = None
         if self.credits is not None:
-            credit = credit or self.credits[0]
+            credit = config.credit
             if credit not in self.credits:
                 raise ValueError(f"credit={credit!r} is not supported by the {self.name!r} advantage estimator; "
                                  f"choose one of {', '.join(self.credits)}")
@@ -187,15 +214,15 @@ ADVANTAGES: Registry = Registry("advantage estimator")
 
 def register_advantage(name: str, estimator: type[AdvantageEstimator] | Callable | None = None, *,
                        credits: tuple[str, ...] | None = None, critic: bool = False, needs_groups: bool = False,
-                       settings: tuple[type, ...] = (ReturnSettings,), defaults: Mapping[str, Any] | None = None,
-                       state: Callable[[Any], Any] | None = None, replace: bool = False) -> Any:
+                       settings: tuple[type, ...] = (ReturnSettings,), state: Callable[[Any], Any] | None = None,
+                       replace: bool = False) -> Any:
     """Register an advantage estimator under ``name`` (also usable as a decorator).
 
     ``estimator``: a function ``fn(inputs, config)`` returning advantages (or ``(advantages,
     returns)``) as ``(B, T)`` tensors — see :class:`AdvantageInputs` for per-turn helpers — or an
     :class:`AdvantageEstimator` subclass. For a function the keywords describe it: the ``credit``
     choices it honours (None: it does not read ``credit``), whether it needs a critic's values
-    (``inputs.values``) or groups, the settings dataclasses it reads with their defaults, and
+    (``inputs.values``) or groups, the settings blocks it reads (a learner's config subclasses them), and
     ``state``: ``config ->`` an object kept across updates and checkpoints (``inputs.state``).
     """
     def wrap(fn: Callable) -> type:
@@ -204,7 +231,7 @@ def register_advantage(name: str, estimator: type[AdvantageEstimator] | Callable
             return out if isinstance(out, tuple) else (out, torch.zeros_like(out))
         return type(f"{fn.__name__}_advantage", (AdvantageEstimator,), {
             "__call__": call, "__doc__": fn.__doc__, "credits": credits, "critic": critic,
-            "needs_groups": needs_groups, "settings": tuple(settings), "defaults": dict(defaults or {}),
+            "needs_groups": needs_groups, "settings": tuple(settings),
             "make_state": staticmethod(state) if state is not None else None, "__module__": fn.__module__})
     return ADVANTAGES.decorator(name, estimator, AdvantageEstimator, wrap, replace)
 
@@ -226,7 +253,7 @@ def _moving_baseline(config: Any) -> Any:
 
 
 @register_advantage("returns", credits=("turn", "episode"), settings=(ReturnSettings, BaselineSettings),
-                    defaults={"credit": "turn"}, state=_moving_baseline)
+                    state=_moving_baseline)
 def returns_advantage(inputs: AdvantageInputs, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE's: each turn's target (``turn``: its discounted return-to-go; ``episode``: the
     episode's return) minus a batch baseline (none, batch mean, moving average) or normalised over
@@ -305,8 +332,7 @@ def leave_one_out_advantage(inputs: AdvantageInputs, config: Any) -> tuple[torch
     return _group_advantage(inputs, config, loo=True)
 
 
-@register_advantage("gae", credits=("token", "turn"), settings=(ReturnSettings, GAESettings),
-                    defaults={"credit": "token"}, critic=True)
+@register_advantage("gae", credits=("token", "turn"), settings=(ReturnSettings, GAESettings), critic=True)
 def gae_advantage(inputs: AdvantageInputs, config: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's: generalised advantage estimation with a critic; advantages whitened over the batch
     (``whiten_advantages``).

@@ -22,18 +22,21 @@ A user module adds parts and learners with
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from agentgym.algorithms.advantages import ADVANTAGES
-from agentgym.algorithms.config import compose_config, composed_config
-from agentgym.algorithms.critic import Critic
+from agentgym.algorithms.advantages import (ADVANTAGES, BaselineSettings, GAESettings, GroupSettings,
+                                            ReturnSettings)
+from agentgym.algorithms.critic import CriticSettings
 from agentgym.algorithms.learner import Learner
+from agentgym.algorithms.learner_config import UpdateConfig
+from agentgym.algorithms.losses import ClipSettings
 from agentgym.algorithms.objectives import OBJECTIVES
 from agentgym.algorithms.registry import Registry, registry_key
 
-__all__ = ["LEARNERS", "register_learner", "make_learner", "learner_needs_groups", "ReinforceLearner",
-           "GRPOLearner", "PPOLearner", "ReinforceConfig", "GRPOConfig", "RLOOConfig", "GSPOConfig", "CISPOConfig",
-           "PPOConfig", "DualClipPPOConfig"]
+__all__ = ["LEARNERS", "register_learner", "make_learner", "learner_config_class", "learner_needs_groups",
+           "ReinforceLearner", "GRPOLearner", "PPOLearner", "ReinforceConfig", "GRPOConfig", "RLOOConfig",
+           "GSPOConfig", "CISPOConfig", "PPOConfig", "DualClipPPOConfig"]
 
 #: name -> learner class (:func:`register_learner`); ``agentgym train algo=NAME`` looks names up here
 LEARNERS: Registry = Registry("learner")
@@ -45,18 +48,19 @@ def register_learner(name: str, learner: type[Learner] | None = None, *, advanta
     """Register a learner under ``name``: ``agentgym train algo=NAME`` and ``agentgym compare --algos
     NAME`` accept it (load the module with ``agentgym --import MODULE ...``).
 
-    Either compose one from registered parts — ``register_learner("rloo", advantage="rloo",
-    objective="clip")``; its typed config is ``config`` or, by default, :func:`compose_config` of the
-    parts (plus :class:`CriticSettings` when the estimator needs a critic) — or register a
-    :class:`Learner` subclass (also as a class decorator: ``@register_learner("mine")``).
+    Either compose one from registered parts and its typed config — ``register_learner("rloo",
+    advantage="rloo", objective="clip", config=RLOOConfig)`` — or register a :class:`Learner` subclass
+    that names its parts and its ``config_class`` (also as a class decorator:
+    ``@register_learner("mine")``). The config is a dataclass subclassing
+    :class:`~agentgym.algorithms.learner_config.UpdateConfig` and every settings block its parts read
+    (checked here); the ``learner:`` section of ``agentgym train algo=NAME`` is checked against it.
     Returns the learner class.
     """
     def add(cls: type[Learner]) -> type[Learner]:
         if not (isinstance(cls, type) and issubclass(cls, Learner)):
             raise TypeError(f"register_learner({name!r}, ...) needs a Learner subclass")
+        _check_config(name, cls)
         cls.name = registry_key(name)
-        if cls.config_class is None:
-            cls.config_class = composed_config(cls.__name__, cls.advantage_name, cls.objective_name)
         LEARNERS.add(name, cls, replace)
         return cls
 
@@ -76,16 +80,43 @@ def register_learner(name: str, learner: type[Learner] | None = None, *, advanta
     return add(cls)
 
 
-def make_learner(name: str, policy: Any, config: Any = None, *, separate_sampler: bool = False,
-                 fsdp: bool = False, precision: Any = None) -> Learner:
+def _check_config(name: str, cls: type[Learner]) -> None:
+    """The learner's config is an ``UpdateConfig`` with every settings block its parts read."""
+    parts = [ADVANTAGES.lookup(cls.advantage_name), OBJECTIVES.lookup(cls.objective_name)]
+    needed = [s for p in parts for s in p.settings] + ([CriticSettings] if parts[0].critic else [])
+    config = cls.config_class
+    example = ", ".join(dict.fromkeys(s.__name__ for s in needed)) or "UpdateConfig"
+    if not (isinstance(config, type) and issubclass(config, UpdateConfig)):
+        raise TypeError(f"register_learner({name!r}, ...) needs config=: a dataclass subclassing UpdateConfig and "
+                        f"its parts' settings ({example}), e.g. @dataclass class MyConfig(MySettings, GRPOConfig)")
+    missing = [s.__name__ for s in needed if not issubclass(config, s)]
+    if missing:
+        raise TypeError(f"register_learner({name!r}, ...): config {config.__name__} lacks the settings its parts "
+                        f"read: {', '.join(dict.fromkeys(missing))}")
+
+
+def make_learner(name: str, policy: Any, config: Any = None, *, optim: Any = None, lora: Any = None,
+                 separate_sampler: bool = False, fsdp: bool = False, precision: Any = None) -> Learner:
     """A registered learner (:data:`LEARNERS`) for a trainable policy (``.model``, ``.tokenizer``).
 
-    ``config``: a :class:`~agentgym.algorithms.config.LearnerConfig` (the flat user-facing one), the
-    learner's typed config, or None for its defaults. ``separate_sampler``: another engine samples the rollouts (see
-    ``UpdateConfig.old_logprobs``). ``precision``: see :func:`~agentgym.precision.learner_precision`.
+    ``config``: the learner's typed config (``GRPOConfig(...)`` for ``grpo``; None: its defaults);
+    ``optim``: the :class:`~agentgym.algorithms.optim.OptimConfig` (None: its defaults); ``lora``: a
+    :class:`~agentgym.algorithms.optim.LoraSettings` adapter (None: full fine-tuning).
+    ``separate_sampler``: another engine samples the rollouts (see ``UpdateConfig.old_logprobs``).
+    ``precision``: see :func:`~agentgym.precision.learner_precision`.
     """
     cls = LEARNERS.lookup(name)
-    return cls(policy, config, separate_sampler=separate_sampler, fsdp=fsdp, precision=precision)
+    return cls(policy, config, optim=optim, lora=lora, separate_sampler=separate_sampler, fsdp=fsdp,
+               precision=precision)
+
+
+def learner_config_class(name: str) -> type[UpdateConfig]:
+    """The typed config of the registered learner ``name`` (what its ``learner:`` section is checked
+    against); for a learner trained outside the trainer (:data:`EXTERNAL_CONFIGS`), the config whose
+    settings it takes."""
+    if name in EXTERNAL_CONFIGS:
+        return EXTERNAL_CONFIGS[name]
+    return LEARNERS.lookup(name).config_class
 
 
 def learner_estimator(name: str) -> type | None:
@@ -100,25 +131,53 @@ def learner_needs_groups(name: str) -> bool:
     return bool(adv is not None and adv.needs_groups)
 
 
-# --------------------------------------------------------------------------- the built-in learners
+# --------------------------------------------------------------------------- the built-in learners' configs
 
-ReinforceConfig = compose_config("ReinforceConfig", ADVANTAGES["returns"], OBJECTIVES["reinforce"],
-                                 doc="REINFORCE: UpdateConfig + ReturnSettings (credit turn) + BaselineSettings.")
-GRPOConfig = compose_config("GRPOConfig", ADVANTAGES["group"], OBJECTIVES["clip"],
-                            doc="GRPO: UpdateConfig + ReturnSettings (credit episode) + GroupSettings + ClipSettings.")
-RLOOConfig = compose_config("RLOOConfig", ADVANTAGES["rloo"], OBJECTIVES["clip"],
-                            doc="RLOO: like GRPOConfig (``group_scale`` is not read).")
-GSPOConfig = compose_config("GSPOConfig", ADVANTAGES["group"], OBJECTIVES["gspo"],
-                            doc="GSPO: GRPOConfig's settings; clip 3e-4 / 4e-4, seq-mean-token-mean.")
-CISPOConfig = compose_config("CISPOConfig", ADVANTAGES["group"], OBJECTIVES["cispo"],
-                             doc="CISPO: GRPOConfig's settings; no lower bound (clip_eps=1), clip_eps_high 0.28.")
-PPOConfig = compose_config("PPOConfig", ADVANTAGES["gae"], OBJECTIVES["clip"], Critic,
-                           doc="PPO: UpdateConfig + ReturnSettings (credit token) + GAESettings + CriticSettings "
-                               "+ ClipSettings.")
-DualClipPPOConfig = compose_config("DualClipPPOConfig", ADVANTAGES["gae"], OBJECTIVES["dual-clip"], Critic,
-                                   doc="Dual-clip PPO: PPOConfig's settings with dual_clip_c = 3.")
-for _config in (ReinforceConfig, GRPOConfig, RLOOConfig, GSPOConfig, CISPOConfig, PPOConfig, DualClipPPOConfig):
-    _config.__module__ = __name__   # importable (pickle) where it is defined
+@dataclass
+class ReinforceConfig(BaselineSettings, ReturnSettings, UpdateConfig):
+    """REINFORCE: UpdateConfig + ReturnSettings (credit ``turn``: each turn's return-to-go) + BaselineSettings."""
+    algorithm_defaults = {"credit": "turn"}
+
+
+@dataclass
+class GRPOConfig(GroupSettings, ReturnSettings, ClipSettings, UpdateConfig):
+    """GRPO: UpdateConfig + ReturnSettings (credit ``episode``) + GroupSettings + ClipSettings (PPO's 0.2)."""
+
+
+@dataclass
+class RLOOConfig(GRPOConfig):
+    """RLOO: GRPOConfig's settings (``group_scale`` is not read)."""
+
+
+@dataclass
+class GSPOConfig(GRPOConfig):
+    """GSPO: GRPOConfig's settings; the clip bounds a sequence-level ratio, the paper's 3e-4 / 4e-4, and
+    token losses are averaged per sequence (seq-mean-token-mean), as in the paper."""
+    algorithm_defaults = {"clip_eps": 3e-4, "clip_eps_high": 4e-4, "loss_agg": "seq-mean-token-mean"}
+
+
+@dataclass
+class CISPOConfig(GRPOConfig):
+    """CISPO: GRPOConfig's settings; the clip bounds a detached importance weight: no lower bound
+    (``clip_eps=1``), ``clip_eps_high`` 0.28."""
+    algorithm_defaults = {"clip_eps": 1.0, "clip_eps_high": 0.28}
+
+
+@dataclass
+class PPOConfig(GAESettings, CriticSettings, ReturnSettings, ClipSettings, UpdateConfig):
+    """PPO: UpdateConfig + ReturnSettings (credit ``token``) + GAESettings + CriticSettings + ClipSettings."""
+    algorithm_defaults = {"credit": "token"}
+
+
+@dataclass
+class DualClipPPOConfig(PPOConfig):
+    """Dual-clip PPO: PPOConfig's settings with the dual-clip bound on, ``dual_clip_c`` = 3."""
+    algorithm_defaults = {"dual_clip_c": 3.0}
+
+
+#: learners trained outside the trainer (``agentgym compare --algos trl-grpo``: TRL's GRPOTrainer) -> the
+#: config of their ``learner:`` section (TRL's GRPO takes GRPOConfig's ``kl_coef`` and ``micro_batch_size``)
+EXTERNAL_CONFIGS: dict[str, type[UpdateConfig]] = {"trl-grpo": GRPOConfig}
 
 
 @register_learner("reinforce")

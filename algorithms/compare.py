@@ -28,8 +28,8 @@ fixed seed), so the first arm's eval before training is every arm's (:data:`BEFO
 settings that must agree); each run's log says whose eval it took.
 
 **Variants** of one learner are compared the same way: ``--algos grpo,grpo:mask_env_tokens=false``
-(``ALGO[:key=value[:key=value…]]``; a bare key that is a :class:`LearnerConfig` field means
-``learner.<key>``). That is the retrieved-token masking ablation in one command.
+(``ALGO[:key=value[:key=value…]]``; a bare key that is a field of the algorithm's learner config
+means ``learner.<key>``, an optimizer field ``optim.<key>``). That is the retrieved-token masking ablation in one command.
 
 **Metrics** (train metrics are the sampled rollouts' own rewards, i.e. on-policy and noisy; the eval
 is on the same held-out tasks before and after: greedy, or with ``eval.samples=k`` each task's
@@ -110,7 +110,7 @@ def run_trl_grpo(cfg: TrainConfig, policy: Any | None = None, log: Callable[[str
             cfg.env, policy, steps=cfg.steps, num_generations=cfg.group_size, prompts_per_step=cfg.groups_per_step,
             micro_batch_size=micro if total % micro == 0 else None, env_kwargs=cfg.env_kwargs,
             max_new_tokens=cfg.sampling.max_new_tokens, max_obs_tokens=cfg.max_obs_tokens,
-            max_context_tokens=cfg.max_context_tokens, style=cfg.style, learning_rate=cfg.learner.lr,
+            max_context_tokens=cfg.max_context_tokens, style=cfg.style, learning_rate=cfg.optim.lr,
             temperature=cfg.sampling.temperature, beta=cfg.learner.kl_coef, seed=cfg.seed,
             output_dir=cfg.output_dir, trl_args={"top_p": cfg.sampling.top_p}, debug_checks=cfg.debug_checks)
         after, _ = scored_eval(evaluator, cfg)

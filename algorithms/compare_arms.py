@@ -17,9 +17,9 @@ import numpy as np
 from agentgym.stats import format_ci
 from agentgym.config import load_config
 
-from agentgym.algorithms.catalog import LEARNERS
-from agentgym.algorithms.config import LearnerConfig
+from agentgym.algorithms.catalog import LEARNERS, learner_config_class
 from agentgym.algorithms.config import TrainConfig
+from agentgym.algorithms.optim import OptimConfig
 
 __all__ = ["CompareError", "DECLARATION_FILE", "DEFAULT_PRIMARY", "EXTERNAL_ALGOS", "EXTERNAL_SETTINGS", "HARNESS_KEYS",
            "METRICS", "SHARED_KEYS", "RunRecord", "Variant", "declare_metrics", "metric_role", "parse_variants",
@@ -30,7 +30,7 @@ __all__ = ["CompareError", "DECLARATION_FILE", "DEFAULT_PRIMARY", "EXTERNAL_ALGO
 #: whose ``history`` has the trainer's row format (``step``, ``rollout/reward_mean``, …).
 EXTERNAL_ALGOS = {"trl-grpo": "agentgym.algorithms.offline.trl_adapter:train_with_trl"}
 #: The learner settings an external learner takes (see the module docstring).
-EXTERNAL_SETTINGS = frozenset({"learner.lr", "learner.kl_coef", "learner.micro_batch_size"})
+EXTERNAL_SETTINGS = frozenset({"optim.lr", "learner.kl_coef", "learner.micro_batch_size"})
 
 #: Settings every variant shares: they define the tasks and the rollout budget.
 SHARED_KEYS = frozenset({"env", "env_kwargs", "steps", "seed", "algo", "output_dir", "groups_per_step",
@@ -86,19 +86,20 @@ class RunRecord:
     primary: str = DEFAULT_PRIMARY      # the metric the comparison declared primary when this run was made
 
 
-def _variant_key(key: str, algo: str | None = None) -> str:
-    """``lr`` → ``learner.lr``; a setting only ``algo``'s own typed config has (a part registered by a
-    user module) → ``learner.extra.<key>``; TrainConfig fields and dotted keys stay as they are."""
+def _variant_key(key: str, algo: str) -> str:
+    """A bare key's one path: ``lr`` → ``optim.lr``, a setting of ``algo``'s typed learner config →
+    ``learner.<key>``; TrainConfig fields and dotted keys stay as they are."""
     top = {f.name for f in dataclasses.fields(TrainConfig)}
     if "." in key or key in top:
         return key
-    if key in {f.name for f in dataclasses.fields(LearnerConfig)}:
+    if key in {f.name for f in dataclasses.fields(OptimConfig)}:
+        return f"optim.{key}"
+    config = learner_config_class(algo)
+    if key in {f.name for f in dataclasses.fields(config)}:
         return f"learner.{key}"
-    learner = LEARNERS.get((algo or "").lower())
-    if learner is not None and key in {f.name for f in dataclasses.fields(learner.config_class)}:
-        return f"learner.extra.{key}"
-    raise CompareError(f"variant setting {key!r} is neither a TrainConfig nor a LearnerConfig field"
-                       + (f" nor a setting of {algo}" if learner is not None else ""))
+    own = ", ".join(sorted(f.name for f in dataclasses.fields(config)))
+    raise CompareError(f"variant setting {key!r} is neither a TrainConfig, an optim nor a {config.__name__} field "
+                       f"(the {algo} learner's settings: {own})")
 
 
 def parse_variants(text: str | Sequence[str]) -> list[Variant]:

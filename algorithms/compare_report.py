@@ -418,7 +418,7 @@ def is_negative_control(label: str) -> bool:
     algo, *settings = label.split(":")
     for setting in settings:
         key, _, value = setting.partition("=")
-        if key.strip() in ("lr", "learner.lr"):
+        if key.strip() in ("lr", "optim.lr"):
             try:
                 if float(value) == 0.0:
                     return True

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from agentgym.algorithms.advantages import ADVANTAGES, AdvantageInputs, GroupSettings, ReturnSettings, register_advantage
-from agentgym.algorithms.catalog import learner_estimator, register_learner
+from agentgym.algorithms.catalog import GRPOConfig, learner_estimator, register_learner
 from agentgym.algorithms.returns import episode_returns, group_normalize
 
 __all__ = ["shuffled_group_advantage", "donor_indices", "is_negative_control_learner"]
@@ -75,7 +75,7 @@ def shuffled_group_advantage(inputs: AdvantageInputs, config: Any) -> tuple[torc
 
 
 ADVANTAGES["shuffled-group"].negative_control = True   # read by is_negative_control_learner
-register_learner("grpo-shuffled", advantage="shuffled-group", objective="clip")
+register_learner("grpo-shuffled", advantage="shuffled-group", objective="clip", config=GRPOConfig)
 
 
 def is_negative_control_learner(name: str) -> bool:

@@ -15,25 +15,30 @@ import torch
 from torch import nn
 
 from agentgym.algorithms.batch import Batch
-from agentgym.algorithms.losses import LossSettings
+from agentgym.algorithms.losses import ValueLossSettings
 
 __all__ = ["CriticSettings", "ValueModel", "Critic"]
 
 
 @dataclass
-class CriticSettings:
+class CriticSettings(ValueLossSettings):
     """The critic: ``critic="head"`` (a linear head on the policy's last hidden state, owned by the
     learner) or ``"model"`` (a separate copy of the network with its own head); ``critic_lr`` (None =
-    ``lr``), ``critic_warmup_ratio`` (its own warmup share of ``total_steps``; None = the actor's;
-    Search-R1: 0.015 against the actor's 0.285), ``value_coef``, ``value_clip_eps`` (None = no clipping)."""
+    the optimizer's ``lr``), ``critic_warmup_ratio`` (its own warmup share of ``total_steps``; None =
+    the actor's; Search-R1: 0.015 against the actor's 0.285); the value loss's ``value_coef`` and
+    ``value_clip_eps`` (:class:`~agentgym.algorithms.losses.ValueLossSettings`)."""
     critic: str = field(default="head", metadata={
         "help": "head (a value head on the policy's last hidden state) or model (a separate network copy)"})
-    critic_lr: float | None = field(default=None, metadata={"help": "the critic's learning rate; null = lr"})
+    critic_lr: float | None = field(default=None, metadata={"help": "the critic's learning rate; null = optim.lr"})
     critic_warmup_ratio: float | None = field(default=None, metadata={
         "help": "the critic's warmup share of total_steps, in [0, 1]; null = the actor's"})
-    value_coef: float = field(default=LossSettings.value_coef, metadata={"help": "weight of the value loss"})
-    value_clip_eps: float | None = field(default=LossSettings.value_clip_eps, metadata={
-        "help": "clip new values to old values +- this (PPO's clipped value loss); null = no clipping"})
+
+    def __post_init__(self) -> None:
+        if self.critic not in ("head", "model"):
+            raise ValueError(f"critic must be one of ('head', 'model'), got {self.critic!r}")
+        if self.critic_warmup_ratio is not None and not 0 <= self.critic_warmup_ratio <= 1:
+            raise ValueError(f"critic_warmup_ratio must be in [0, 1] or None, got {self.critic_warmup_ratio}")
+        super().__post_init__()
 
 
 class ValueModel(nn.Module):

@@ -1,18 +1,20 @@
 """A run's held-out eval, in one place for :class:`~agentgym.algorithms.trainer.Trainer`, the comparison
 harness and runs trained elsewhere (``trl-grpo``): the same tasks (``eval.first_task`` on, the eval
-split), scored greedily or by the mean of ``eval.samples`` sampled episodes per task."""
+split), scored greedily or by the mean of ``eval.samples`` sampled episodes per task. The episodes run
+and are scored by the one evaluation path, :func:`agentgym.evaluation.run_eval`, as in ``agentgym eval``;
+this module says only which tasks and settings a run's config asks for."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from agentgym.evaluation import per_task, run_eval
 from agentgym.rollout_config import RolloutConfig
 from agentgym.rollout import RolloutEngine, RolloutProgress
-from agentgym.rollout_metrics import task_groups, task_success
 
 from agentgym.algorithms.config import TrainConfig
 
-__all__ = ["rollout_config", "eval_rollout_config", "held_out_eval", "task_successes", "scored_eval", "eval_line"]
+__all__ = ["rollout_config", "eval_rollout_config", "scored_eval", "task_successes", "eval_line"]
 
 
 def rollout_config(cfg: TrainConfig, greedy: bool = False) -> RolloutConfig:
@@ -30,23 +32,8 @@ def eval_rollout_config(cfg: TrainConfig) -> RolloutConfig:
     return cfg.rollout.replace(sampling=sampling.replace(seed=cfg.seed if sampling.seed is None else sampling.seed))
 
 
-def held_out_eval(engine: RolloutEngine, cfg: TrainConfig,
-                  progress: Callable[[RolloutProgress], None] | None = None) -> tuple[dict[str, float], list[Any]]:
-    """The eval of every run: the same held-out tasks (``eval.first_task`` on, the eval split), so runs
-    and algorithms (including ones trained outside :class:`Trainer`) are compared on equal terms.
-    ``engine`` runs :func:`eval_rollout_config`; with ``eval.samples`` = k >= 1 every task gets k
-    sampled episodes.
-    Returns ``eval/``-prefixed metrics (``eval/success_rate``: over all episodes) and the trajectories,
-    task by task (see :func:`task_successes`)."""
-    e = cfg.eval
-    indices = list(range(e.first_task, e.first_task + e.episodes))
-    batch = engine.collect(cfg.env, task_indices=indices, group_size=max(1, e.samples), seed=cfg.seed,
-                           env_kwargs={**cfg.env_kwargs, **e.env_kwargs}, progress=progress)
-    return {f"eval/{k}": v for k, v in batch.metrics.items() if not k.startswith("time/")}, batch.trajectories
-
-
 def task_successes(cfg: TrainConfig, trajectories: Sequence[Any]) -> list[float]:
-    """Each held-out task's success, in task order, from :func:`held_out_eval`'s trajectories: 0 or 1
+    """Each held-out task's success, in task order, from :func:`scored_eval`'s trajectories: 0 or 1
     when greedy, the mean of its ``eval.samples`` episodes otherwise (for the paired CIs over tasks).
     As in ``eval/success_rate`` and ``agentgym eval``, an episode a service failure ended (``infra_error``)
     is neither a success nor a failure (:func:`~agentgym.rollout_metrics.task_success`): a task's mean
@@ -55,15 +42,25 @@ def task_successes(cfg: TrainConfig, trajectories: Sequence[Any]) -> list[float]
     if len(trajectories) != k * cfg.eval.episodes:
         raise ValueError(f"{len(trajectories)} eval trajectories, expected eval.episodes x max(1, eval.samples) = "
                          f"{cfg.eval.episodes} x {k}")
-    return [task_success(g) for g in task_groups(trajectories, k)]
+    return [t["success"] for t in per_task(trajectories, k)]
 
 
 def scored_eval(engine: RolloutEngine, cfg: TrainConfig,
                 progress: Callable[[RolloutProgress], None] | None = None) -> tuple[dict[str, Any], list[Any]]:
-    """:func:`held_out_eval` plus ``successes``, each task's success (:func:`task_successes`), which the
-    paired CIs over tasks read: the record every run keeps of an eval."""
-    metrics, trajectories = held_out_eval(engine, cfg, progress=progress)
-    return {**metrics, "successes": task_successes(cfg, trajectories)}, trajectories
+    """The eval of every run: the same held-out tasks (``eval.first_task`` on, the eval split), so runs and
+    algorithms (including ones trained outside :class:`Trainer`) are compared on equal terms. ``engine`` runs
+    :func:`eval_rollout_config`; with ``eval.samples`` = k >= 1 every task gets k sampled episodes, all in one
+    ``collect`` call seeded with the run's ``seed``.
+
+    Returns ``eval/``-prefixed metrics (``eval/success_rate``: over all episodes) plus ``successes``, each
+    task's success in task order (see :func:`task_successes`), which the paired CIs over tasks read: the
+    record every run keeps of an eval; and the trajectories, task by task."""
+    e = cfg.eval
+    result = run_eval(engine, cfg.env, episodes=e.episodes, group_size=max(1, e.samples), seed=cfg.seed,
+                      env_kwargs={**cfg.env_kwargs, **e.env_kwargs},
+                      task_indices=range(e.first_task, e.first_task + e.episodes), progress=progress)
+    scores = {f"eval/{k}": v for k, v in result.metrics.items() if not k.startswith("time/")}   # not the timings
+    return {**scores, "successes": [t["success"] for t in result.tasks]}, result.trajectories
 
 
 def eval_line(tag: str, step: int, m: dict[str, Any], cfg: TrainConfig, source: str | None = None) -> str:

@@ -2,7 +2,7 @@
 
 Usage (the trainer loop's whole contact with this module)::
 
-    learner = make_learner("grpo", policy, LearnerConfig(lr=1e-6, kl_coef=0.04))
+    learner = make_learner("grpo", policy, GRPOConfig(kl_coef=0.04), optim=OptimConfig(lr=1e-6))
     batch = engine.collect("agentgym/SearchQA-v0", num_groups=8, group_size=5, seed=step)
     metrics = learner.update(batch.trajectories)      # the policy's own module is trained in place
 
@@ -41,11 +41,12 @@ from agentgym.trajectory import Trajectory
 from agentgym.algorithms import distributed
 from agentgym.algorithms.advantages import ADVANTAGES, AdvantageEstimator, AdvantageInputs
 from agentgym.algorithms.batch import Batch, collate
-from agentgym.algorithms.config import check_temperature, check_token_kinds, composed_config, resolve_config
-from agentgym.algorithms.critic import Critic, ValueModel
+from agentgym.algorithms.critic import Critic, CriticSettings, ValueModel
+from agentgym.algorithms.learner_config import check_temperature, check_token_kinds
 from agentgym.algorithms.losses import LossSettings, kl_penalty, masked_mean, ppo_objective, token_logprobs
 from agentgym.algorithms.objectives import OBJECTIVES, PolicyObjective
-from agentgym.algorithms.optim import adamw, apply_lora, enable_checkpointing, is_peft, lr_factor
+from agentgym.algorithms.optim import (LoraSettings, OptimConfig, adamw, apply_lora, enable_checkpointing, is_peft,
+                                       lr_factor)
 from agentgym.algorithms.parallel import Parallel
 from agentgym.algorithms.learner_state import LearnerState
 
@@ -59,7 +60,8 @@ class Learner(LearnerState):
 
     A learner class names its parts (``advantage_name``, ``objective_name``: keys of
     :data:`~agentgym.algorithms.advantages.ADVANTAGES` and :data:`~agentgym.algorithms.objectives.OBJECTIVES`)
-    and its typed config (``config_class``; None = composed from the parts' settings); build one with
+    and its typed config (``config_class``: ``UpdateConfig`` plus its parts' settings blocks); the
+    optimizer (``optim``) and a LoRA adapter (``lora``) are the run's, not the learner config's. Build one with
     :func:`~agentgym.algorithms.catalog.register_learner`, or subclass and override
     :meth:`compute_advantages` for full control. The instance holds the parts as ``advantage`` and
     ``objective``, and the critic when the estimator needs values (``value_head``; ``critic`` for a
@@ -77,13 +79,16 @@ class Learner(LearnerState):
     objective_name: ClassVar[str] = "clip"
     config_class: ClassVar[type | None] = None
 
-    def __init__(self, policy: Any, config: Any = None, *, separate_sampler: bool = False, fsdp: bool = False,
+    def __init__(self, policy: Any, config: Any = None, *, optim: OptimConfig | None = None,
+                 lora: LoraSettings | None = None, separate_sampler: bool = False, fsdp: bool = False,
                  precision: Any = None):
         self.policy = policy
-        cls = type(self)
-        if cls.config_class is None:
-            cls.config_class = composed_config(cls.__name__, cls.advantage_name, cls.objective_name)
-        self.config = cfg = resolve_config(cls.config_class, config)
+        expected = type(self).config_class
+        self.config = cfg = expected() if config is None else config
+        if not isinstance(cfg, expected):
+            raise TypeError(f"the {self.name!r} learner takes a {expected.__name__}, got {type(cfg).__name__}")
+        self.optim = optim if optim is not None else OptimConfig()
+        self.lora = lora
         self.advantage: AdvantageEstimator = ADVANTAGES.lookup(self.advantage_name)(cfg)
         self.objective: PolicyObjective = OBJECTIVES.lookup(self.objective_name)(cfg)
         self.uses_values = bool(self.advantage.critic)
@@ -94,8 +99,8 @@ class Learner(LearnerState):
         self.dist, self.fsdp = self.parallel.ctx, self.parallel.fsdp
         # True when another engine (vLLM) samples the rollouts: see ``UpdateConfig.old_logprobs``
         self.separate_sampler = separate_sampler
-        if cfg.schedule != "constant" and cfg.total_steps is None:
-            raise ValueError(f"schedule {cfg.schedule!r} needs total_steps (the number of update calls)")
+        if self.optim.schedule != "constant" and cfg.total_steps is None:
+            raise ValueError(f"schedule {self.optim.schedule!r} needs total_steps (the number of update calls)")
         from agentgym.backend import tokenizer_of
         tok = tokenizer_of(policy)
         self.pad_id = int(getattr(tok, "pad_token_id", None) or 0)
@@ -110,38 +115,37 @@ class Learner(LearnerState):
 
     def _build_models(self, model: nn.Module) -> None:
         """The trained module (LoRA-wrapped when asked), the frozen reference, the critic; sharded under FSDP."""
-        cfg = self.config
+        cfg, lora = self.config, self.lora
         base_copy = None
-        if cfg.kl_coef > 0 and cfg.lora is None and not is_peft(model):
+        if cfg.kl_coef > 0 and lora is None and not is_peft(model):
             base_copy = copy.deepcopy(model)  # the frozen reference: the policy as it starts
         self._critic = Critic(cfg, model) if self.uses_values else None
-        if cfg.lora is not None and not is_peft(model):
+        if lora is not None and not is_peft(model):
             # the learner owns the PEFT wrapper; the adapters are injected into the policy's own module,
             # so a colocated policy samples through them without any attribute written onto it
-            model = apply_lora(model, cfg.lora, seed=cfg.seed)
+            model = apply_lora(model, lora, seed=cfg.seed)
         self.model = model
         self.ref_model = base_copy.eval().requires_grad_(False) if base_copy is not None else None
         if self.fsdp:
-            if cfg.lora is not None or is_peft(self.model):
-                raise ValueError("fsdp=true with learner.lora is not supported yet: sharding the PEFT wrapper and "
+            if lora is not None or is_peft(self.model):
+                raise ValueError("fsdp=true with lora is not supported yet: sharding the PEFT wrapper and "
                                  "merging adapters across shards is not built; use LoRA without fsdp, or fsdp "
                                  "without LoRA")
             # a value head on the policy's body stays replicated: its gradients are all-reduced
             self.parallel.shard([self.model, self.ref_model, self.critic])
-        if cfg.gradient_checkpointing:
+        if self.optim.gradient_checkpointing:
             enable_checkpointing(self.model)
 
     def _build_optimizer(self) -> None:
         """AdamW over the policy's and the critic's parameter groups, each role with its own warmup."""
-        cfg = self.config
-        self.optimizer = adamw(self._param_groups(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-        warmup = cfg.warmup_steps if cfg.warmup_steps is not None else round(cfg.warmup_ratio * (cfg.total_steps or 0))
+        opt, total = self.optim, self.config.total_steps
+        self.optimizer = adamw(self._param_groups(), lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
+        warmup = opt.warmup_steps if opt.warmup_steps is not None else round(opt.warmup_ratio * (total or 0))
         self.warmup_steps = int(warmup)
-        critic_warmup = getattr(cfg, "critic_warmup_ratio", None)
+        critic_warmup = self._critic_setting("critic_warmup_ratio")
         self.critic_warmup_steps = (self.warmup_steps if critic_warmup is None
-                                    else int(round(critic_warmup * (cfg.total_steps or 0))))
-        factors = {role: functools.partial(lr_factor, warmup_steps=steps, total_steps=cfg.total_steps,
-                                           schedule=cfg.schedule)
+                                    else int(round(critic_warmup * (total or 0))))
+        factors = {role: functools.partial(lr_factor, warmup_steps=steps, total_steps=total, schedule=opt.schedule)
                    for role, steps in (("policy", self.warmup_steps), ("critic", self.critic_warmup_steps))}
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, [factors[g["role"]] for g in self.optimizer.param_groups])
@@ -293,15 +297,11 @@ class Learner(LearnerState):
                     batch.old_values[rows, :w] = values.float() * micro.response_mask
 
     def _loss_settings(self, batch: Batch) -> LossSettings:
-        """The shared loss's settings, read off the config by :class:`LossSettings`' own field names (a
-        field the config lacks keeps LossSettings' default); the KL is in the loss only with ``kl_in="loss"``."""
+        """The shared loss's settings from the config's blocks (:meth:`LossSettings.of`); the KL is in
+        the loss only with ``kl_in="loss"``."""
         cfg = self.config
-        names = {f for f in LossSettings.__dataclass_fields__} - {"max_len"}
-        settings = {f: getattr(cfg, f) for f in names if hasattr(cfg, f)}
-        settings["max_len"] = cfg.max_response_tokens or float(self._train_mask(batch).sum(1).max())
-        if cfg.kl_in != "loss":
-            settings["kl_coef"] = 0.0
-        return LossSettings(**settings)
+        max_len = cfg.max_response_tokens or float(self._train_mask(batch).sum(1).max())
+        return LossSettings.of(cfg, max_len, **({} if cfg.kl_in == "loss" else {"kl_coef": 0.0}))
 
     # ------------------------------------------------------------------ the optimisation
     def _optimize(self, batch: Batch) -> dict[str, float]:
@@ -411,7 +411,7 @@ class Learner(LearnerState):
     def _clip_gradients(self) -> float:
         """Clip the policy's and the critic's gradients separately; return the policy's pre-clip norm
         (non-finite if either is)."""
-        max_norm = self.config.max_grad_norm if self.config.max_grad_norm is not None else float("inf")
+        max_norm = self.optim.max_grad_norm if self.optim.max_grad_norm is not None else float("inf")
         norms = []
         for params in (self.policy_parameters(), self.critic_parameters()):
             params = [p for p in params if p.grad is not None]
@@ -481,12 +481,14 @@ class Learner(LearnerState):
     def critic_parameters(self) -> list[nn.Parameter]:
         return self._critic.parameters() if self._critic is not None else []
 
+    def _critic_setting(self, name: str) -> Any:
+        """A :class:`CriticSettings` knob; None for a learner without a critic."""
+        return getattr(self.config, name) if isinstance(self.config, CriticSettings) else None
+
     def _param_groups(self) -> list[dict[str, Any]]:
-        cfg = self.config
-        groups = []
-        critic_lr = getattr(cfg, "critic_lr", None) or cfg.lr
-        for role, params, lr in (("policy", self.policy_parameters(), cfg.lr),
-                                 ("critic", self.critic_parameters(), critic_lr)):
+        groups, lr = [], self.optim.lr
+        for role, params, lr in (("policy", self.policy_parameters(), lr),
+                                 ("critic", self.critic_parameters(), self._critic_setting("critic_lr") or lr)):
             decay = [p for p in params if p.ndim >= 2]
             no_decay = [p for p in params if p.ndim < 2]
             # "role" picks the group's warmup (the critic may have its own, ``critic_warmup_ratio``)

@@ -25,8 +25,9 @@ mask only.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -36,7 +37,8 @@ __all__ = [
     "clipped_surrogate", "dual_clip_surrogate", "ppo_clip_term", "gspo_surrogate", "cispo_surrogate",
     "reinforce_surrogate",
     "PolicyTerm", "aggregate", "kl_penalty", "clipped_value_loss",
-    "masked_mean", "masked_whiten", "LossSettings", "ppo_objective",
+    "masked_mean", "masked_whiten", "Settings", "ClipSettings", "LossTermSettings", "ValueLossSettings", "LossSettings",
+    "ppo_objective",
 ]
 
 #: veRL's four ``loss_agg_mode`` names with veRL's meaning (``verl.trainer.ppo.core_algos.agg_loss``), and
@@ -314,33 +316,86 @@ PolicyTerm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
                       tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-@dataclass(frozen=True)
-class LossSettings:
-    """What :func:`ppo_objective` needs to know; the one place these settings' defaults are written
-    (a learner's config takes them from here, and the learner reads this class's fields off it).
+class Settings:
+    """Root of the settings blocks: each block checks the fields it declares in its own
+    ``__post_init__`` and passes on (``super().__post_init__()``), so a learner config composed of
+    several blocks runs every block's check once."""
 
-    ``clip_eps`` / ``clip_eps_high`` / ``dual_clip_c``: PPO's clipped ratio, used when no
-    ``policy_term`` is passed to :func:`ppo_objective`. ``max_len``: the constant ``L`` of ``seq-mean-token-sum-norm``
-    and ``dr-grpo``.
-    """
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    dual_clip_c: float | None = None
-    loss_agg: str = "token-mean"
-    max_len: float | None = None
-    kl_coef: float = 0.0            # > 0 with ref log-probs: KL term in the loss
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-    value_coef: float = 0.5
-    value_clip_eps: float | None = 0.2
+    def __post_init__(self) -> None:
+        pass
+
+
+@dataclass
+class ClipSettings(Settings):
+    """PPO's clipped ratio: ``clip_eps`` / ``clip_eps_high`` (clip-higher; None = symmetric);
+    ``dual_clip_c`` (None = off): dual-clip's lower bound ``c·A`` for negative advantages. GSPO and
+    CISPO read the same two bounds on their own ratio (a learner's config sets its defaults)."""
+    clip_eps: float = field(default=0.2, metadata={"help": "the ratio's lower clip: 1 - clip_eps (> 0)"})
+    clip_eps_high: float | None = field(default=None, metadata={
+        "help": "the ratio's upper clip: 1 + clip_eps_high (clip-higher, > 0); null = clip_eps"})
+    dual_clip_c: float | None = field(default=None, metadata={
+        "help": "dual-clip: bound a negative advantage's loss at c * |A| (> 1); null = off"})
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.clip_eps, (int, float)) or isinstance(self.clip_eps, bool):
+            raise ValueError("clip_eps must be a number")
+        if any(v is not None and v <= 0 for v in (self.clip_eps, self.clip_eps_high)):
+            raise ValueError("clip_eps and clip_eps_high must be > 0")
+        if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
+            raise ValueError(f"dual_clip_c must be > 1 or None (off), got {self.dual_clip_c}")
+        super().__post_init__()
+
+
+@dataclass
+class LossTermSettings(Settings):
+    """What every learner's loss has: the aggregation of token losses and the KL and entropy terms."""
+    loss_agg: str = field(default="token-mean", metadata={
+        "help": "how token losses become one: token-mean, seq-mean-token-mean, seq-mean-token-sum, "
+                "seq-mean-token-sum-norm (veRL's modes) or dr-grpo (TRL's dr_grpo)"})
+    kl_coef: float = field(default=0.0, metadata={
+        "help": "weight of the KL to the reference model (>= 0; 0 = no reference)"})
+    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2, k3 or low_var_kl"})
+    entropy_coef: float = field(default=0.0, metadata={"help": "weight of the entropy bonus"})
 
     def __post_init__(self) -> None:
         if self.loss_agg not in LOSS_AGG_MODES:
-            raise ValueError(f"unknown loss aggregation {self.loss_agg!r}; choose one of {LOSS_AGG_MODES}")
+            raise ValueError(f"loss_agg must be one of {LOSS_AGG_MODES}, got {self.loss_agg!r}")
         if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"unknown KL estimator {self.kl_estimator!r}; choose one of {KL_ESTIMATORS}")
-        if self.dual_clip_c is not None and not self.dual_clip_c > 1.0:
-            raise ValueError(f"dual_clip_c must be > 1 or None, got {self.dual_clip_c}")
+            raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        super().__post_init__()
+
+
+@dataclass
+class ValueLossSettings(Settings):
+    """The critic's value loss: its weight and PPO's value clipping."""
+    value_coef: float = field(default=0.5, metadata={"help": "weight of the value loss"})
+    value_clip_eps: float | None = field(default=0.2, metadata={
+        "help": "clip new values to old values +- this (PPO's clipped value loss); null = no clipping"})
+
+
+@dataclass
+class LossSettings(ClipSettings, ValueLossSettings, LossTermSettings):
+    """What :func:`ppo_objective` needs to know: the settings blocks it reads (each knob declared once,
+    in its block) plus ``max_len``, the constant ``L`` of ``seq-mean-token-sum-norm`` and ``dr-grpo``.
+    The clip range is used when no ``policy_term`` is passed to :func:`ppo_objective`.
+
+    A learner builds one per update with :meth:`of`: its config *is* a ``LossTermSettings`` (and a
+    ``ClipSettings`` / ``ValueLossSettings`` when its objective clips a ratio / it has a critic);
+    a block the config is not keeps the block's defaults, which the loss then does not read.
+    """
+    max_len: float | None = None
+
+    @classmethod
+    def of(cls, config: LossTermSettings, max_len: float | None = None, **changes: Any) -> "LossSettings":
+        """The loss settings of a learner ``config``, block by block (``changes``: e.g. ``kl_coef=0``
+        when the KL is in the reward, not the loss)."""
+        values: dict[str, Any] = {"max_len": max_len}
+        for block in (ClipSettings, ValueLossSettings, LossTermSettings):
+            source = config if isinstance(config, block) else block()
+            values.update({f.name: getattr(source, f.name) for f in dataclasses.fields(block)})
+        return cls(**{**values, **changes})
 
 
 def ppo_objective(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,

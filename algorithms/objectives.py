@@ -1,19 +1,21 @@
 """Policy objectives: the per-token policy-gradient term of the loss, one registered function each,
 all with one signature (the pattern of veRL's ``core_algos`` policy losses, not its code)::
 
-    @register_objective("name", settings=(...), defaults={...}, on_policy_only=False)
+    @register_objective("name", settings=(...), on_policy_only=False)
     def my_objective(logp, old_logp, advantages, mask, config) -> loss | (loss, ratio, clipped)
 
 All tensors are ``(B, T)``; ``mask`` marks the trained tokens that have sampling-time log-probs (what
-a sequence-level ratio averages over); ``config`` is the learner's typed config, carrying the
-settings the objective declares. The shared loss (:func:`~agentgym.algorithms.losses.ppo_objective`)
-aggregates the term and adds entropy, KL and value terms; the surrogate math is in :mod:`.losses`.
+a sequence-level ratio averages over); ``config`` is the learner's typed config, which subclasses the
+settings blocks the objective declares (checked when a learner is registered); the values of those
+settings for one algorithm are its config's defaults (``GSPOConfig``'s clip range, …). The shared
+loss (:func:`~agentgym.algorithms.losses.ppo_objective`) aggregates the term and adds entropy, KL and
+value terms; the surrogate math is in :mod:`.losses`.
 
 ==========  =========================================================================
 name        what it is
 ==========  =========================================================================
 clip        PPO's clipped ratio; clip-higher (``clip_eps_high``), dual-clip (``dual_clip_c``)
-dual-clip   the same, with the dual-clip bound on by default (c = 3)
+dual-clip   the same; its learner (``dual-clip-ppo``) has the dual-clip bound on by default (c = 3)
 reinforce   ``-A · log p``, on-policy only
 gspo        GSPO's sequence-level, length-normalised ratio
 cispo       CISPO's clipped, detached importance weight on ``-A · log p``
@@ -22,29 +24,15 @@ cispo       CISPO's clipped, detached importance weight on ``-A · log p``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar
 
 import torch
 
-from agentgym.algorithms.losses import (LossSettings, cispo_surrogate, gspo_surrogate, ppo_clip_term,
-                                        reinforce_surrogate)
+from agentgym.algorithms.losses import ClipSettings, cispo_surrogate, gspo_surrogate, ppo_clip_term, reinforce_surrogate
 from agentgym.algorithms.registry import Registry
 
-__all__ = ["ClipSettings", "PolicyObjective", "OBJECTIVES", "register_objective", "ClipObjective",
+__all__ = ["PolicyObjective", "OBJECTIVES", "register_objective", "ClipObjective",
            "DualClipObjective", "ReinforceObjective", "GSPOObjective", "CISPOObjective"]
-
-
-@dataclass
-class ClipSettings:
-    """Ratio objectives: ``clip_eps`` / ``clip_eps_high`` (clip-higher; None = symmetric);
-    ``dual_clip_c`` (None = off): dual-clip's lower bound ``c·A`` for negative advantages."""
-    clip_eps: float = field(default=LossSettings.clip_eps, metadata={
-        "help": "the ratio's lower clip: 1 - clip_eps (> 0)"})
-    clip_eps_high: float | None = field(default=LossSettings.clip_eps_high, metadata={
-        "help": "the ratio's upper clip: 1 + clip_eps_high (clip-higher, > 0); null = clip_eps"})
-    dual_clip_c: float | None = field(default=LossSettings.dual_clip_c, metadata={
-        "help": "dual-clip: bound a negative advantage's loss at c * |A| (> 1); null = off"})
 
 
 class PolicyObjective:
@@ -53,12 +41,11 @@ class PolicyObjective:
     :data:`~agentgym.algorithms.losses.PolicyTerm`).
 
     :func:`register_objective` builds one from a function; a subclass may instead override
-    ``__call__``. ``settings`` / ``defaults``: the config dataclasses it reads and its values for them;
+    ``__call__``. ``settings``: the settings blocks it reads (a learner's config must subclass them);
     ``on_policy_only``: the term has no importance ratio, so the learner makes one step per batch.
     """
     name: ClassVar[str] = ""
     settings: ClassVar[tuple[type, ...]] = ()
-    defaults: ClassVar[dict[str, Any]] = {}
     on_policy_only: ClassVar[bool] = False
 
     def __init__(self, config: Any):
@@ -74,14 +61,14 @@ OBJECTIVES: Registry = Registry("objective", "the policy-gradient surrogate of t
 
 
 def register_objective(name: str, objective: type[PolicyObjective] | Callable | None = None, *,
-                       on_policy_only: bool = False, settings: tuple[type, ...] = (),
-                       defaults: Mapping[str, Any] | None = None, replace: bool = False,
+                       on_policy_only: bool = False, settings: tuple[type, ...] = (), replace: bool = False,
                        title: str | None = None) -> Any:
     """Register a policy objective under ``name`` (also usable as a decorator).
 
     ``objective``: a function ``fn(logp, old_logp, advantages, mask, config)`` returning the per-token
     loss (or ``(loss, ratio, clipped)``), or a :class:`PolicyObjective` subclass. ``on_policy_only``:
-    the term has no importance ratio (one step per batch). ``title``: the class name the function
+    the term has no importance ratio (one step per batch). ``settings``: the settings blocks (dataclasses)
+    it reads off the learner's config. ``title``: the class name the function
     gets (default ``<function>_objective``).
     """
     def wrap(fn: Callable) -> type:
@@ -92,7 +79,7 @@ def register_objective(name: str, objective: type[PolicyObjective] | Callable | 
             return out, torch.exp(logp - old_logp).detach(), torch.zeros_like(logp)
         return type(title or f"{fn.__name__}_objective", (PolicyObjective,), {
             "__call__": call, "__doc__": fn.__doc__, "on_policy_only": on_policy_only,
-            "settings": tuple(settings), "defaults": dict(defaults or {}), "__module__": fn.__module__})
+            "settings": tuple(settings), "__module__": fn.__module__})
     return OBJECTIVES.decorator(name, objective, PolicyObjective, wrap, replace)
 
 
@@ -112,26 +99,23 @@ def reinforce(logp, old_logp, advantages, mask, config):
 def gspo(logp, old_logp, advantages, mask, config):
     """GSPO's sequence-level, length-normalised ratio with sequence clipping (Zheng et al., 2025,
     arXiv:2507.18071; :func:`~agentgym.algorithms.losses.gspo_surrogate`). In a multi-turn episode the
-    sequence is the trajectory's policy tokens. Defaults: the paper's clip range 3e-4 / 4e-4 and its
-    sequence-mean aggregation."""
+    sequence is the trajectory's policy tokens. ``GSPOConfig`` defaults to the paper's clip range
+    3e-4 / 4e-4 and its sequence-mean aggregation."""
     return gspo_surrogate(logp, old_logp, advantages, mask, config.clip_eps, config.clip_eps_high)
 
 
 def cispo(logp, old_logp, advantages, mask, config):
     """CISPO (MiniMax-M1, arXiv:2506.13585; :func:`~agentgym.algorithms.losses.cispo_surrogate`): the
-    clipped importance weight, detached, times ``-A log p``. Defaults: no lower bound (``clip_eps=1``),
-    ``clip_eps_high=0.28``."""
+    clipped importance weight, detached, times ``-A log p``. ``CISPOConfig`` defaults: no lower bound
+    (``clip_eps=1``), ``clip_eps_high=0.28``."""
     return cispo_surrogate(logp, old_logp, advantages, config.clip_eps, config.clip_eps_high)
 
 
 register_objective("clip", clip, settings=(ClipSettings,), title="ClipObjective")
-register_objective("dual-clip", clip, settings=(ClipSettings,), defaults={"dual_clip_c": 3.0},
-                   title="DualClipObjective")
+register_objective("dual-clip", clip, settings=(ClipSettings,), title="DualClipObjective")
 register_objective("reinforce", reinforce, on_policy_only=True, title="ReinforceObjective")
-register_objective("gspo", gspo, settings=(ClipSettings,), title="GSPOObjective",
-                   defaults={"clip_eps": 3e-4, "clip_eps_high": 4e-4, "loss_agg": "seq-mean-token-mean"})
-register_objective("cispo", cispo, settings=(ClipSettings,), defaults={"clip_eps": 1.0, "clip_eps_high": 0.28},
-                   title="CISPOObjective")
+register_objective("gspo", gspo, settings=(ClipSettings,), title="GSPOObjective")
+register_objective("cispo", cispo, settings=(ClipSettings,), title="CISPOObjective")
 
 #: The built-in objectives' classes (``type(learner.objective)``), e.g. to subclass one.
 ClipObjective = OBJECTIVES["clip"]

@@ -1,15 +1,17 @@
 """The one optimizer config, for RL, SFT and DPO, and the optimisation machinery the learner uses.
 
-:class:`OptimConfig` holds what every training command shares: AdamW (``lr``, ``betas``,
-``weight_decay``), the learning-rate schedule (``schedule`` after a linear warmup of ``warmup_steps``,
-or ``warmup_ratio`` of the run) and gradient clipping (``max_grad_norm``). The RL learners' configs
-extend it with the update loop's settings (``learner:``, :mod:`.config`); SFT and DPO extend it with
-the data loop's (``optim:``, :class:`~agentgym.algorithms.offline.sft.TrainerOptimConfig`). Each
-extension documents its own ``epochs``: passes over each batch of rollouts (RL), passes over the
-data set (SFT/DPO).
+:class:`OptimConfig` holds what every training command shares, under one path, ``optim.*``, in
+``agentgym train``, ``sft`` and ``dpo``: AdamW (``lr``, ``betas``, ``weight_decay``), the
+learning-rate schedule (``schedule`` after a linear warmup of ``warmup_steps``, or ``warmup_ratio`` of
+the run), gradient clipping (``max_grad_norm``) and activation checkpointing. RL's ``optim:`` section
+is this class (the learner's own settings are ``learner:``, :mod:`.learner_config`); SFT and DPO
+extend it with the data loop of a Hugging Face ``Trainer``
+(:class:`~agentgym.algorithms.offline.sft.TrainerOptimConfig`). A command whose defaults differ (SFT's
+lr 2e-5 and cosine schedule) sets them in its run config's ``default_factory``, not in a field of
+its own.
 
-Also here: :class:`LoraSettings` (shared too), :func:`lr_factor` (the RL schedule), AdamW with the
-fused kernel, LoRA through ``peft`` and activation checkpointing.
+Also here: :class:`LoraSettings` (the top-level ``lora:`` of every training command), :func:`lr_factor`
+(the RL schedule), AdamW with the fused kernel, LoRA through ``peft`` and activation checkpointing.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -37,6 +39,10 @@ class LoraSettings:
     target_modules: str | tuple[str, ...] = field(default="all-linear", metadata={
         "help": "module names to adapt, or all-linear (every linear layer but the output head)"})
 
+    def __post_init__(self) -> None:
+        if isinstance(self.target_modules, list):   # YAML gives a list
+            self.target_modules = tuple(self.target_modules)
+
 
 @dataclass
 class OptimConfig:
@@ -44,7 +50,8 @@ class OptimConfig:
 
     ``lr``, ``betas``, ``weight_decay`` (AdamW; no decay on biases and norms); a linear warmup over
     ``warmup_steps`` optimizer steps (None: ``warmup_ratio`` × the run's steps), then ``schedule``
-    (``constant``, ``linear`` or ``cosine`` decay to 0); ``max_grad_norm`` (None = no clipping).
+    (``constant``, ``linear`` or ``cosine`` decay to 0); ``max_grad_norm`` (None = no clipping);
+    ``gradient_checkpointing`` (recompute activations in the backward pass).
     """
     lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate after warmup (>= 0)"})
     betas: tuple[float, float] = field(default=(0.9, 0.999), metadata={"help": "AdamW's (beta1, beta2)"})
@@ -58,6 +65,8 @@ class OptimConfig:
         "help": "lr after the warmup: constant, or linear / cosine decay to 0 at the last step"})
     max_grad_norm: float | None = field(default=1.0, metadata={
         "help": "clip the gradient's global norm to this (> 0); null = no clipping"})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "recompute activations in the backward pass (less memory, slower)"})
 
     #: the accepted ``schedule`` names (None: any the training library knows)
     schedules: ClassVar[tuple[str, ...] | None] = SCHEDULES
@@ -79,11 +88,6 @@ def check_optim(cfg: OptimConfig) -> None:
     if cfg.max_grad_norm is not None and cfg.max_grad_norm <= 0:
         raise ValueError(f"max_grad_norm must be > 0 or None, got {cfg.max_grad_norm}")
     cfg.betas = tuple(float(b) for b in cfg.betas)  # YAML gives a list
-    lora = getattr(cfg, "lora", None)
-    if isinstance(lora, Mapping):
-        cfg.lora = lora = LoraSettings(**lora)
-    if lora is not None and isinstance(lora.target_modules, list):
-        lora.target_modules = tuple(lora.target_modules)
 
 
 def lr_factor(step: int, *, warmup_steps: int = 0, total_steps: int | None = None,

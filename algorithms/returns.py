@@ -14,7 +14,7 @@ Conventions worth knowing:
 * An episode that ends by truncation is treated as terminal (V after the last token = 0), as
   LLM RL frameworks (verl, TRL, Search-R1) do: the turn limit is part of the task.
 
-Per-turn credit (``LearnerConfig.credit``). How step-wise rewards reach each turn's tokens:
+Per-turn credit (``learner.credit``, :class:`~agentgym.algorithms.advantages.ReturnSettings`). How step-wise rewards reach each turn's tokens:
 
 * ``episode`` — every turn gets the episode's return (:func:`episode_returns`; discounted from the
   first turn when ``γ < 1``); the baseline is computed over episodes, one value per trajectory (so a

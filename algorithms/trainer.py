@@ -1,11 +1,10 @@
 """The trainer: tasks → batched rollouts → advantages → updates → eval / checkpoint / logging.
 
 ``agentgym train`` runs :func:`train` with a :class:`TrainConfig` (YAML + ``key=value``
-overrides). Every run writes its resolved config, a CSV log (and TensorBoard events), PNG
-learning curves and an HTML trajectory report into ``output_dir``. ``--resume`` continues a killed
-run from its last checkpoint and reproduces the uninterrupted run's metrics: the rollout seeds and
-the torch RNG are derived from (seed, step), and checkpoints hold weights, optimizer, scheduler and
-learner state.
+overrides). Every run writes its resolved config, a CSV log (and TensorBoard events), PNG learning curves
+and an HTML trajectory report into ``output_dir``. ``--resume`` continues a killed run from its last
+checkpoint and reproduces the uninterrupted run's metrics: the rollout seeds and the torch RNG are derived
+from (seed, step), and checkpoints hold weights, optimizer, scheduler and learner state.
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ import torch
 
 from agentgym.config import save_config
 from agentgym.rollout import RolloutEngine, RolloutProgress
-from agentgym.rollout_metrics import summarize
-from agentgym.rollout_metrics import scored_episodes
+from agentgym.rollout_metrics import scored_episodes, summarize
 from agentgym.precision import resolve_precision
 from agentgym.threads import recheck as recheck_threads
 
@@ -106,8 +104,8 @@ class Trainer:
         if lcfg.total_steps is None or lcfg.total_steps <= 0:
             from dataclasses import replace
             lcfg = replace(lcfg, total_steps=cfg.steps)
-        self.learner = make_learner(cfg.algo, self.train_policy, lcfg, separate_sampler=not self.colocated, fsdp=cfg.fsdp,
-                                    precision=self.precision)
+        self.learner = make_learner(cfg.algo, self.train_policy, lcfg, optim=cfg.optim, lora=cfg.lora,
+                                    separate_sampler=not self.colocated, fsdp=cfg.fsdp, precision=self.precision)
         if not self.colocated:              # the engine starts from exactly the learner's weights
             self.policy.sync_weights(self.learner.policy_weights())
         self.engine = RolloutEngine(self.policy, rollout_config(cfg))

@@ -41,7 +41,7 @@ def _percentile(values: list[float], q: float) -> float:
 def time_backend(backend: str, problems: int, repeats: int) -> dict:
     """Per-episode seconds (reset + oracle step) on ``backend`` for the first ``problems`` problems."""
     from agentgym.envs.humaneval import HumanEvalEnv
-    from agentgym.envs.sandbox import make_sandbox
+    from agentgym.envs.services.sandbox import make_sandbox
     sandbox = make_sandbox(backend)
     try:
         env = HumanEvalEnv(sandbox=sandbox)
@@ -74,7 +74,7 @@ def main() -> int:
     if not 1 <= args.problems <= 164 or args.repeats < 1:
         ap.error("--problems must be in 1..164 and --repeats >= 1")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    from agentgym.envs.sandbox import SandboxRefusedError, available_backends
+    from agentgym.envs.services.sandbox import SandboxRefusedError, available_backends
     status = available_backends()
     rows = {}
     for backend in args.backends:

@@ -30,7 +30,7 @@ RAW=${RAW:-benchmarks/results}   # where `save` commits finished runs, and where
 # success of 4 samples per question rose 0.183 -> 0.283 (paired over 60 questions +0.100 [+0.054, +0.150]):
 # so the held-out score is eval.samples=4. A run checkpoints every 5 steps, so a stopped one goes on from there.
 SEARCHQA=(--config benchmarks/search_r1/configs/smollm2_v2.yaml --steps 20 "model=$SFT_MODEL"
-          groups_per_step=2 group_size=5 learner.lr=1e-5 learner.skip_no_signal=true
+          groups_per_step=2 group_size=5 optim.lr=1e-5 learner.skip_no_signal=true
           eval.episodes=60 eval.samples=4 checkpoint_every=5)
 
 compare() { nice -n 10 agentgym --threads 1 compare --algos "$ARMS" "$@"; }

@@ -125,13 +125,14 @@ class Ours:
     name = "agentgym GRPOLearner"
 
     def __init__(self, model: torch.nn.Module, batch: dict[str, torch.Tensor], args: argparse.Namespace):
-        from agentgym.algorithms import GRPOLearner, LearnerConfig
+        from agentgym.algorithms import GRPOConfig, GRPOLearner, OptimConfig
         from agentgym.trajectory import Trajectory
         self.device = args.device
         policy = SimpleNamespace(model=model, tokenizer=SimpleNamespace(pad_token_id=0))
-        self.learner = GRPOLearner(policy, LearnerConfig(
-            lr=1e-6, weight_decay=0.0, max_grad_norm=1.0, clip_eps=0.2, loss_agg="token-mean", kl_coef=0.0,
-            micro_batch_size=args.batch, epochs=1), precision="bf16" if args.device.startswith("cuda") else "fp32")
+        self.learner = GRPOLearner(
+            policy, GRPOConfig(clip_eps=0.2, loss_agg="token-mean", kl_coef=0.0, micro_batch_size=args.batch, epochs=1),
+            optim=OptimConfig(lr=1e-6, weight_decay=0.0, max_grad_norm=1.0),
+            precision="bf16" if args.device.startswith("cuda") else "fp32")
         ids = torch.cat([batch["prompt"], batch["completion"]], 1)
         P, C = args.prompt_len, args.completion_len
         with torch.no_grad():  # sampling-time log-probs = the initial policy's (ratio 1 at the first step)

@@ -61,14 +61,14 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from learner_throughput import build_model
-    from agentgym.algorithms import GRPOLearner, LearnerConfig
+    from agentgym.algorithms import GRPOConfig, GRPOLearner, OptimConfig
     from agentgym.algorithms.batch import collate
     from agentgym.trajectory import Trajectory
 
     model = build_model("smollm2-135m", "cpu")
     policy = SimpleNamespace(model=model, tokenizer=SimpleNamespace(pad_token_id=0))
-    learner = GRPOLearner(policy, LearnerConfig(lr=1e-6, micro_batch_size=args.micro_batch_size, kl_coef=0.0,
-                                                entropy_coef=0.0), precision="fp32")
+    learner = GRPOLearner(policy, GRPOConfig(micro_batch_size=args.micro_batch_size, kl_coef=0.0, entropy_coef=0.0),
+                          optim=OptimConfig(lr=1e-6), precision="fp32")
     g = torch.Generator().manual_seed(0)
     trajs = []
     for i in range(args.episodes):

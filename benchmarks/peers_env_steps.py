@@ -62,7 +62,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import agentgym
 from agentgym.envs.mathrl import answers as math_answers
-from agentgym.envs.retrieval import BM25Retriever, Hit, Retriever
+from agentgym.envs.services.retrieval import BM25Retriever, Hit, Retriever
 from agentgym.envs.searchqa.env import SearchQAEnv
 
 Block = dict[str, float]

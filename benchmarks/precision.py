@@ -51,7 +51,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from agentgym.algorithms import LearnerConfig, make_learner
+    from agentgym.algorithms import GRPOConfig, OptimConfig, make_learner
     from agentgym.policies.models import load_tokenizer
     from agentgym.policies.transformers_policy import TransformersPolicy
     from agentgym.precision import cpu_identity, resolve_precision
@@ -78,8 +78,8 @@ def main() -> None:
     for arm in arms:
         import copy
         policy = TransformersPolicy(copy.deepcopy(base), tok)
-        learners[arm] = make_learner("grpo", policy, LearnerConfig(lr=1e-6, micro_batch_size=args.batch),
-                                     precision=arm)
+        learners[arm] = make_learner("grpo", policy, GRPOConfig(micro_batch_size=args.batch),
+                                     optim=OptimConfig(lr=1e-6), precision=arm)
         learners[arm].update(trajs)                       # warm-up (oneDNN kernel choice)
     times: dict[str, list[float]] = {a: [] for a in arms}
     for r in range(args.repeats):

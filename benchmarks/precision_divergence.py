@@ -29,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
     torch.set_num_threads(args.threads)
-    from agentgym.algorithms import LearnerConfig, make_learner
+    from agentgym.algorithms import GRPOConfig, OptimConfig, make_learner
     from agentgym.algorithms.config import TrainConfig
     from agentgym.policies.loading import load_policy
     from agentgym.precision import cpu_identity, resolve_precision
@@ -45,9 +45,8 @@ def main() -> None:
         batch = RolloutEngine(policy, rollout).collect(cfg.env, num_groups=args.episodes // 2, group_size=2, seed=0,
                                                        env_kwargs=cfg.env_kwargs)
         for learner_precision in ("fp32", "bf16"):
-            learner = make_learner("grpo", policy, LearnerConfig(lr=0.0, old_logprobs="recompute", tis_cap=2.0,
-                                                                 micro_batch_size=4),
-                                   separate_sampler=True, precision=resolve_precision(learner_precision, "cpu"))
+            learner = make_learner("grpo", policy, GRPOConfig(old_logprobs="recompute", tis_cap=2.0, micro_batch_size=4),
+                                   optim=OptimConfig(lr=0.0), separate_sampler=True, precision=resolve_precision(learner_precision, "cpu"))
             m = learner.update(batch.trajectories)
             row = {"sampler": sampler, "learner": learner_precision,
                    **{k: float(m[k]) for k in ("sampler_logp_diff_mean", "sampler_logp_diff_max",

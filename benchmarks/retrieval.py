@@ -3,7 +3,7 @@
     python benchmarks/retrieval.py [--docs 1000] [--queries 256] [--threads N]
                                    [--server process|thread] [--out results.json]
 
-On the synthetic corpus of ``agentgym.envs.retrieval.synthetic_corpus`` (invented people, one
+On the synthetic corpus of ``agentgym.envs.services.retrieval.synthetic_corpus`` (invented people, one
 gold passage per question), with the packaged all-MiniLM-L6-v2 on CPU:
 
 (1) Queries/s of the same retriever and the same queries: in-process ``search`` in batches of
@@ -37,8 +37,7 @@ import httpx
 import numpy as np
 import torch
 
-from agentgym.envs.retrieval import (
-    BackgroundServer,
+from agentgym.envs.services.retrieval import (
     BM25Retriever,
     DenseRetriever,
     Hit,
@@ -47,7 +46,8 @@ from agentgym.envs.retrieval import (
     create_app,
     synthetic_corpus,
 )
-from agentgym.envs.retrieval.dense import auto_nlist
+from agentgym.envs.services.retrieval.dense import auto_nlist
+from agentgym.http_server import BackgroundServer
 
 KS = (1, 3, 5)
 BATCH_SIZES = (1, 16, 64)
@@ -97,7 +97,7 @@ def http_qps(url: str, queries: list[str], clients: int, topk: int) -> tuple[flo
 
 
 _SERVE = (
-    "import sys; from agentgym.envs.retrieval import load_retriever, serve; "
+    "import sys; from agentgym.envs.services.retrieval import load_retriever, serve; "
     "serve(load_retriever(sys.argv[1]), port=int(sys.argv[2]), log_level='warning')"
 )
 

@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from agentgym.envs.sandbox import available_backends, make_sandbox
+from agentgym.envs.services.sandbox import available_backends, make_sandbox
 
 TRIVIAL = "print(1)"
 SOLUTION = '''

@@ -99,7 +99,7 @@ def bench_generation(model: str, batch: int, new_tokens: int) -> dict:
 DDP_SCRIPT = r'''
 import sys, time, torch
 from agentgym.algorithms.distributed import init_from_env
-from agentgym.algorithms import LearnerConfig, make_learner
+from agentgym.algorithms import GRPOConfig, OptimConfig, make_learner
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
 from agentgym.rollout import RolloutConfig, RolloutEngine
@@ -111,7 +111,7 @@ trajs = engine.collect("Math-v0", num_groups=8, group_size=4, seed=0,
                        env_kwargs={"kinds": ["arithmetic"], "difficulty": 0, "max_turns": 1}).trajectories
 for i, t in enumerate(trajs):
     t.step_rewards = [float(i % 3)]
-learner = make_learner("grpo", policy, LearnerConfig(lr=1e-4, micro_batch_size=4))
+learner = make_learner("grpo", policy, GRPOConfig(micro_batch_size=4), optim=OptimConfig(lr=1e-4))
 learner.update(trajs)
 times = []
 for _ in range(5):

@@ -17,18 +17,19 @@ Written only against the public ``agentgym`` API, as a user's own env would be.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Mapping
 
 import numpy as np
 
-from agentgym import AgentEnv, Reward, ToolSet, Transition, shaper
+from agentgym import AgentEnv, EnvConfig, Reward, ToolSet, Transition, shaper
 from agentgym.parsing import first_tag, parse_tool_calls
 from agentgym.rewards import CallCost, InvalidActionPenalty, StepEvent
 from agentgym.splits import DistinctDraws, check_split, normalise_task_text, split_of
 from agentgym.envs.calculator import calculate, calculator
 
-__all__ = ["ArithmeticEnv", "numeric_equal", "SYSTEM_PROMPT"]
+__all__ = ["ArithmeticEnv", "ArithmeticConfig", "numeric_equal", "SYSTEM_PROMPT"]
 
 SYSTEM_PROMPT = (
     "You solve arithmetic questions. You may call a calculator tool by writing exactly\n"
@@ -104,29 +105,38 @@ def _draws(split: str, hard_fraction: float) -> DistinctDraws:
                          pool=functools.partial(_difficulty, split, hard_fraction), what="questions")
 
 
-class ArithmeticEnv(AgentEnv):
-    """Arithmetic QA with an optional calculator tool.
+@dataclass
+class ArithmeticConfig(EnvConfig):
+    """The settings of ``Arithmetic-v0``."""
+    split: str = field(default="train", metadata={
+        "help": "train, validation or test: disjoint procedural task streams"})
+    hard_fraction: float = field(default=0.5, metadata={"help": "share of questions with large operands, in [0, 1]"})
+    tool_cost: float = field(default=0.05, metadata={
+        "help": "weight of the per-call cost term (each calculator call gives -tool_cost)"})
+    max_turns: int = field(default=4, metadata={"help": "turns before the episode is truncated"})
 
-    Args:
-        split: ``"train"``, ``"validation"`` or ``"test"``: disjoint procedural task streams.
-        hard_fraction: share of questions with large operands.
-        tool_cost: weight of the per-call cost term (each call gives ``-tool_cost``).
-        max_turns: turns before the episode is truncated.
-        reward: a custom :class:`~agentgym.Reward` or a mapping of new weights for the default terms
-            (``correct`` 1.0, ``format`` 0.1, ``tool_cost`` 0.05, ``invalid`` 0.1).
+    def __post_init__(self) -> None:
+        check_split(self.split)
+        if not 0.0 <= self.hard_fraction <= 1.0:
+            raise ValueError(f"hard_fraction must be in [0, 1], got {self.hard_fraction}")
+
+
+class ArithmeticEnv(AgentEnv):
+    """Arithmetic QA with an optional calculator tool; settings: :class:`ArithmeticConfig`.
+
+    Reward terms (``reward={"name": weight}`` reweights them): ``correct`` 1.0, ``format`` 0.1, ``tool_cost``
+    (weight: the ``tool_cost`` setting, 0.05), ``invalid`` 0.1.
     """
 
     stop_strings = ("</tool_call>", "</answer>")
+    config_class = ArithmeticConfig
 
-    def __init__(self, split: str = "train", hard_fraction: float = 0.5, tool_cost: float = 0.05,
-                 max_turns: int = 4, reward: Reward | Mapping[str, float] | None = None,
-                 render_mode: str | None = None, group_reward: Any = None):
-        check_split(split)
-        if not 0.0 <= hard_fraction <= 1.0:
-            raise ValueError(f"hard_fraction must be in [0, 1], got {hard_fraction}")
-        self.split, self.hard_fraction, self.tool_cost = split, hard_fraction, tool_cost
+    def __init__(self, config: ArithmeticConfig | None = None, **settings: Any):
+        c = self.config = self.config_class.build(config, settings)
+        self.split, self.hard_fraction, self.tool_cost = c.split, c.hard_fraction, c.tool_cost
         self.tools = ToolSet([calculator], timeout_s=2.0)
-        super().__init__(reward=reward, max_turns=max_turns, render_mode=render_mode, group_reward=group_reward)
+        super().__init__(reward=c.reward, max_turns=c.max_turns, max_action_chars=c.max_action_chars,
+                         render_mode=c.render_mode, group_reward=c.group_reward)
 
     def default_reward(self) -> Reward:
         return Reward([correct, (well_formed_answer, 0.1), (CallCost("tool_call", name="tool_cost"), self.tool_cost),

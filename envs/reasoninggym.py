@@ -44,14 +44,16 @@ import dataclasses
 import difflib
 import functools
 import json
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from agentgym import AgentEnv, Reward, Transition, shaper
+from agentgym import AgentEnv, EnvConfig, Reward, Transition, shaper
 from agentgym.parsing import last_tag_content
 from agentgym.rewards import InvalidActionPenalty, StepEvent
 from agentgym.splits import SPLITS, check_split, normalise_task_text
 
-__all__ = ["ReasoningGymEnv", "SYSTEM_PROMPT", "DEFAULT_TASK", "DEFAULT_SIZES", "dataset_score", "dataset_names"]
+__all__ = ["ReasoningGymEnv", "ReasoningGymConfig",
+           "SYSTEM_PROMPT", "DEFAULT_TASK", "DEFAULT_SIZES", "dataset_score", "dataset_names"]
 
 SYSTEM_PROMPT = (
     "Solve the problem. You may reason first; then give your final answer, and nothing else, inside "
@@ -178,56 +180,66 @@ def dataset_score(event: StepEvent) -> float:
     return float(event.info.get("score", 0.0)) if event.action_type == "answer" else 0.0
 
 
-class ReasoningGymEnv(AgentEnv):
-    """One reasoning-gym dataset, or a weighted mix, scored by the dataset's own ``score_answer``.
+def _split_sizes(size: Any) -> dict[str, int]:
+    """Questions per split: ``DEFAULT_SIZES``, one int for all three, or some splits' sizes over the defaults."""
+    sizes = dict(DEFAULT_SIZES)
+    if isinstance(size, Mapping):
+        unknown = sorted(set(size) - set(SPLITS))
+        if unknown:
+            raise ValueError(f"size: unknown split(s) {unknown}; valid: {list(SPLITS)}")
+        sizes.update(size)
+    elif size is not None:
+        sizes = {s: size for s in SPLITS}
+    for split, n in sizes.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"size of the {split} split must be a positive int, got {n!r}")
+    return sizes
 
-    Args:
-        task: a reasoning-gym dataset name (default ``basic_arithmetic``: fast, offline); see
-            :func:`dataset_names`.
-        task_config: that dataset's config fields (e.g. ``{"max_terms": 3}``); with ``tasks=``, a
-            mapping of dataset name -> its config. ``seed`` and ``size`` are the env's own arguments.
-        tasks: a weighted mix instead of ``task``: ``{"basic_arithmetic": 2, "leg_counting": 1}``.
-        split: ``"train"``, ``"validation"`` or ``"test"`` (disjoint, deduplicated question sets).
-        size: questions per split, an int for all three or ``{"train": n, ...}`` (default
-            ``DEFAULT_SIZES``: 1000 / 100 / 200). It is ``num_tasks``.
-        seed: the base seed in [0, 2**30); each split draws from its own seed range above it.
-        max_turns: default 2: one retry after a reply without an answer (1: one reply, no retry).
-        reward: a :class:`Reward` or new weights for the default terms (``score`` 1.0, ``invalid`` 0.1).
-    """
+
+@dataclass
+class ReasoningGymConfig(EnvConfig):
+    """The settings of ``ReasoningGym-v0``."""
+    task: str | None = field(default=None, metadata={
+        "help": f"a reasoning-gym dataset name (see dataset_names()); null: {DEFAULT_TASK} (fast, offline)"})
+    task_config: Mapping[str, Any] | None = field(default=None, metadata={
+        "help": "that dataset's config fields (e.g. {max_terms: 3}); with tasks, dataset name -> its config"})
+    tasks: Mapping[str, float] | None = field(default=None, metadata={
+        "help": "a weighted mix instead of task: {basic_arithmetic: 2, leg_counting: 1}"})
+    split: str = field(default="train", metadata={
+        "help": "train, validation or test (disjoint, deduplicated question sets)"})
+    size: int | Mapping[str, int] | None = field(default=None, metadata={
+        "help": "questions per split (num_tasks): an int for all three or {train: n, ...}; "
+                "null: DEFAULT_SIZES (1000 / 100 / 200)"})
+    seed: int = field(default=0, metadata={
+        "help": "the base seed in [0, 2**30); each split draws from its own seed range above it"})
+    max_turns: int = field(default=2, metadata={
+        "help": "2: one retry after a reply without an answer (1: one reply, no retry)"})
+
+    def __post_init__(self) -> None:
+        check_split(self.split, SPLITS)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < _MAX_SEED:
+            raise ValueError(f"seed must be an int in [0, 2**30), got {self.seed!r}")
+        _mix_spec(self.task, self.task_config, self.tasks)   # each raises on a bad value
+        _split_sizes(self.size)
+
+
+class ReasoningGymEnv(AgentEnv):
+    """One reasoning-gym dataset, or a weighted mix, scored by the dataset's own ``score_answer``; settings:
+    :class:`ReasoningGymConfig`; reward terms ``score`` 1.0, ``invalid`` 0.1."""
 
     stop_strings = ("</answer>",)
+    config_class = ReasoningGymConfig
 
-    def __init__(self, *, task: str | None = None, task_config: Mapping[str, Any] | None = None,
-                 tasks: Mapping[str, float] | None = None, split: str = "train",
-                 size: int | Mapping[str, int] | None = None, seed: int = 0, max_turns: int = 2,
-                 max_action_chars: int = 16_384, reward: Reward | Mapping[str, float] | None = None,
-                 render_mode: str | None = None, group_reward: Any = None):
-        check_split(split, SPLITS)
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < _MAX_SEED:
-            raise ValueError(f"seed must be an int in [0, 2**30), got {seed!r}")
-        self.mix = _mix_spec(task, task_config, tasks)
-        self.split, self.seed = split, seed
-        self.sizes = self._sizes(size)
-        self.num_tasks = self.sizes[split]
+    def __init__(self, config: ReasoningGymConfig | None = None, **settings: Any):
+        c = self.config = self.config_class.build(config, settings)
+        self.mix = _mix_spec(c.task, c.task_config, c.tasks)
+        self.split, self.seed = c.split, c.seed
+        self.sizes = _split_sizes(c.size)
+        self.num_tasks = self.sizes[c.split]
         self._data: Any = None
         self._tasks: tuple[dict[str, Any], ...] | None = None
-        super().__init__(reward=reward, max_turns=max_turns, max_action_chars=max_action_chars,
-                         render_mode=render_mode, group_reward=group_reward)
-
-    @staticmethod
-    def _sizes(size: Any) -> dict[str, int]:
-        sizes = dict(DEFAULT_SIZES)
-        if isinstance(size, Mapping):
-            unknown = sorted(set(size) - set(SPLITS))
-            if unknown:
-                raise ValueError(f"size: unknown split(s) {unknown}; valid: {list(SPLITS)}")
-            sizes.update(size)
-        elif size is not None:
-            sizes = {s: size for s in SPLITS}
-        for split, n in sizes.items():
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"size of the {split} split must be a positive int, got {n!r}")
-        return sizes
+        super().__init__(reward=c.reward, max_turns=c.max_turns, max_action_chars=c.max_action_chars,
+                         render_mode=c.render_mode, group_reward=c.group_reward)
 
     def default_reward(self) -> Reward:
         return Reward([(dataset_score, 1.0), (InvalidActionPenalty(), 0.1)])

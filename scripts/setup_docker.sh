@@ -98,14 +98,14 @@ else
     say "error: the 'docker' Python package is missing for $PY; run scripts/setup.sh first"
     exit 1
   fi
-  if "$PY" -c "import agentgym.envs.sandbox.image" 2>/dev/null; then
-    "$PY" -m agentgym.envs.sandbox build-image --tag "$IMAGE"
+  if "$PY" -c "import agentgym.envs.services.sandbox.image" 2>/dev/null; then
+    "$PY" -m agentgym.envs.services.sandbox build-image --tag "$IMAGE"
   else  # agentgym not installed yet: image.py runs stand-alone
-    "$PY" envs/sandbox/image.py --tag "$IMAGE"
+    "$PY" envs/services/sandbox/image.py --tag "$IMAGE"
   fi
 fi
 
-if "$PY" -c "import agentgym.envs.sandbox" 2>/dev/null; then
+if "$PY" -c "import agentgym.envs.services.sandbox" 2>/dev/null; then
   say "sandbox status (agentgym sandbox status):"
-  "$PY" -m agentgym.envs.sandbox status --image "$IMAGE" | sed 's/^/[setup-docker]   /' || true
+  "$PY" -m agentgym.envs.services.sandbox status --image "$IMAGE" | sed 's/^/[setup-docker]   /' || true
 fi

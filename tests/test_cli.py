@@ -232,11 +232,11 @@ def test_every_option_of_every_command_has_help():
 def test_unknown_options_become_overrides_only_after_the_subcommand():
     from agentgym.app.cli import flags_as_overrides
 
-    argv = ["--threads", "1", "train", "--steps", "5", "--learner.lr=1e-5", "--max-staleness", "-1",
+    argv = ["--threads", "1", "train", "--steps", "5", "--optim.lr=1e-5", "--max-staleness", "-1",
             "--learner.skip-no-signal", "seed=3", "--fsdp", "--config", "c.yaml"]
-    unknown = ["--steps", "--learner.lr=1e-5", "--max-staleness", "--learner.skip-no-signal", "--fsdp"]
+    unknown = ["--steps", "--optim.lr=1e-5", "--max-staleness", "--learner.skip-no-signal", "--fsdp"]
     assert flags_as_overrides(argv, unknown, "train") == [
-        "--threads", "1", "train", "steps=5", "learner.lr=1e-5", "max_staleness=-1", "learner.skip_no_signal=true",
+        "--threads", "1", "train", "steps=5", "optim.lr=1e-5", "max_staleness=-1", "learner.skip_no_signal=true",
         "seed=3", "fsdp=true", "--config", "c.yaml"]
     # a KEY=VALUE after a bare option is not its value; nothing after `--` is rewritten
     assert flags_as_overrides(["train", "--fsdp", "steps=2", "--", "--x"], ["--fsdp", "--x"], "train") == [
@@ -260,20 +260,20 @@ def test_train_takes_config_keys_as_options(tmp_path):
 
     out = tmp_path / "run"
     argv = ["train", "--model", "tiny-random", "--algo=grpo", "--steps", "1", "--groups-per-step", "1", "--group-size=2",
-            "--learner.lr", "3e-6", "sampling.max_new_tokens=4", "eval.episodes=1", "--tensorboard", "false",
+            "--optim.lr", "3e-6", "sampling.max_new_tokens=4", "eval.episodes=1", "--tensorboard", "false",
             "env=Arithmetic-v0", "env_kwargs={hard_fraction: 0.0, max_turns: 1}", "--output-dir", str(out),
             "--threads", "1"]
     assert main(argv) == 0
     cfg = yaml.safe_load((out / "config.yaml").read_text())
-    assert (cfg["steps"], cfg["groups_per_step"], cfg["group_size"], cfg["learner"]["lr"]) == (1, 1, 2, 3e-6)
+    assert (cfg["steps"], cfg["groups_per_step"], cfg["group_size"], cfg["optim"]["lr"]) == (1, 1, 2, 3e-6)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["train", "--steps", "abc"], "steps: expected int, got str ('abc')"),
     (["train", "--steps", "-1"], "steps must be >= 1, got -1"),
-    (["train", "--learner.lr=foo"], "learner.lr: expected float"),
+    (["train", "--optim.lr=foo"], "optim.lr: expected float"),
     (["train", "--stepz", "3"], "unknown config key(s) stepz"),
-    (["compare", "--algos", "grpo", "--seeds", "1", "--learner.lr", "foo"], "learner.lr: expected float"),
+    (["compare", "--algos", "grpo", "--seeds", "1", "--optim.lr", "foo"], "optim.lr: expected float"),
     (["eval", "Arithmetic-v0", "--groupsize", "3"], "unknown config key(s) groupsize"),
 ])
 def test_a_bad_config_option_is_a_one_line_usage_error(argv, message):

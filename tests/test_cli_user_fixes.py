@@ -116,7 +116,7 @@ def test_a_missing_run_folder_is_said_at_once_as_a_local_path(tmp_path):
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL)
     took = time.monotonic() - t0
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert last_line(r).startswith("error: ConfigError: policy: model 'runs/nope': treated as a local path")
+    assert last_line(r).startswith("error: ConfigError: model: model 'runs/nope': treated as a local path")
     assert took < 5, f"{took:.1f} s"
 
 
@@ -185,10 +185,11 @@ def test_each_command_help_points_to_its_knobs(command, which, capsys):
 
 
 # ------------------------------------------------------------------ issue 48 item 3: no old import paths
-@pytest.mark.parametrize("old", ["cli", "report", "evaluation", "checking", "app.runs", "app.stats"])
+@pytest.mark.parametrize("old", ["cli", "report", "checking", "app.runs", "app.stats", "app.evaluation"])
 def test_the_app_modules_have_one_path(old):
-    """The app's modules live only under agentgym.app; run directories and statistics moved from the app
-    to the kernel (agentgym.runs, agentgym.stats), and their old app paths are gone too."""
+    """The app's modules live only under agentgym.app; run directories, statistics and the evaluation path
+    moved from the app to the kernel (agentgym.runs, agentgym.stats, agentgym.evaluation), and their old app
+    paths are gone too."""
     r = subprocess.run([sys.executable, "-c", f"import agentgym.{old}"], capture_output=True, text=True, env=ENV,
                        timeout=120)
     assert r.returncode == 1 and f"No module named 'agentgym.{old}'" in r.stderr

@@ -21,8 +21,8 @@ from agentgym.envs.codeexec import (
     CodeExecEnv, ProblemFormatError, bundled_problems, load_humaneval_jsonl, load_mbpp_jsonl, load_problems,
     run_tests, run_tests_batch, split_of,
 )
-from agentgym.envs.sandbox import SandboxRefusedError, best_sandbox
-from agentgym.app.evaluation import env_takes_split
+from agentgym.envs.services.sandbox import SandboxRefusedError, best_sandbox
+from agentgym.app.eval_run import env_takes_split
 
 ENV_ID = "agentgym/CodeExec-v0"
 UNSAFE = {"sandbox": "subprocess", "allow_unsafe": True}  # the unsafe backend, explicitly opted in to

@@ -22,7 +22,7 @@ from agentgym.app.cli import main
 from fixtures_llm import one_torch_thread  # noqa: F401  (autouse: a 64-wide model is faster on one thread)
 
 TINY = ["model=tiny-random", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4", "eval.episodes=2",
-        "learner.lr=1e-3", "learner.micro_batch_size=4", "tensorboard=false",
+        "optim.lr=1e-3", "learner.micro_batch_size=4", "tensorboard=false",
         "env_kwargs={hard_fraction: 0.0, max_turns: 1}"]
 
 
@@ -85,7 +85,8 @@ def test_two_algos_two_seeds_artifacts_rows_and_same_tasks(tmp_path, capsys):
     (["--algos", "reinforce,nope"], "unknown algo 'nope'"),
     (["--algos", "ppo,ppo"], "twice"),
     (["--algos", "grpo:group_size=8"], "must be the same for every algo"),
-    (["--algos", "grpo:no_such_setting=1"], "neither a TrainConfig nor a LearnerConfig field"),
+    (["--algos", "grpo:no_such_setting=1"], "neither a TrainConfig, an optim nor a GRPOConfig field"),
+    (["--algos", "grpo:critic=model"], "neither a TrainConfig, an optim nor a GRPOConfig field"),
     (["--algos", "trl-grpo:clip_eps=0.1"], "takes only"),
     (["--seeds", "0"], "--seeds must be >= 1"),
     (["--seeds", "two"], "--seeds must be an integer"),
@@ -94,7 +95,7 @@ def test_two_algos_two_seeds_artifacts_rows_and_same_tasks(tmp_path, capsys):
     (["--env", "Nope-v0"], "no env 'Nope-v0'"),
     (["--algos", "grpo", "group_size=1"], "needs group_size >= 2"),
     (["algo=ppo"], "set algo with --algos"),
-    (["learner.lr=fast"], "learner.lr"),
+    (["optim.lr=fast"], "optim.lr"),
     (["--primary", "speed"], "--primary 'speed' is not a comparison metric; choose from eval_success_after"),
     (["--exploratory", "auc_reward,luck"], "--exploratory 'luck' is not a comparison metric"),
     (["--exploratory", "eval_success_after"], "--exploratory eval_success_after is this comparison's primary metric"),
@@ -124,7 +125,7 @@ def test_parse_variants_maps_learner_keys_and_safe_dirnames():
     vs = parse_variants("grpo, grpo:mask_env_tokens=false:lr=2e-5,ppo:learner.epochs=2")
     assert vs == [Variant("grpo", "grpo"),
                   Variant("grpo:mask_env_tokens=false:lr=2e-5", "grpo",
-                          ("learner.mask_env_tokens=false", "learner.lr=2e-5")),
+                          ("learner.mask_env_tokens=false", "optim.lr=2e-5")),
                   Variant("ppo:learner.epochs=2", "ppo", ("learner.epochs=2",))]
     assert vs[1].dirname == "grpo_mask_env_tokens-false_lr-2e-5"
 
@@ -379,7 +380,7 @@ def test_runs_recorded_before_a_knob_existed_are_still_reused():
     assert not same_config(recorded, current, defaults)
     current = to_dict(TrainConfig())
     changed = json.loads(json.dumps(current))
-    changed["learner"]["lr"] = 3e-5
+    changed["optim"]["lr"] = 3e-5
     assert not same_config(changed, current, defaults)
     gone = json.loads(json.dumps(current))
     gone["no_longer_a_key"] = 1                                 # a key the current config no longer has
@@ -416,7 +417,7 @@ def test_a_finished_run_is_reused_after_the_micro_batches_change(tmp_path, capsy
     assert "reused" in printed and "[compare 1/1] grpo seed=0 ->" not in printed
     record = json.loads((out / "grpo" / "seed0" / "compare_run.json").read_text())
     assert record["config"]["learner"]["micro_batch_tokens"] is None
-    assert main([*args, "--resume", *TINY, "learner.lr=3e-5"]) == 0
+    assert main([*args, "--resume", *TINY, "optim.lr=3e-5"]) == 0
     assert "[compare 1/1] grpo seed=0 ->" in capsys.readouterr().out
 
 

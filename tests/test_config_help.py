@@ -36,13 +36,16 @@ def test_a_knob_added_without_help_is_caught():
 
 def test_listing_names_nested_knobs_with_their_resolved_defaults():
     knobs = {k.path: k for k in config_fields(TrainConfig)}
-    assert knobs["learner.lr"].default == 1e-5                      # TrainConfig's, not OptimConfig's 1e-6
-    assert knobs["learner.micro_batch_size"].default == 4
+    assert knobs["optim.lr"].default == 1e-5                        # TrainConfig's, not OptimConfig's 1e-6
+    assert knobs["learner.micro_batch_size"].default == 16
+    assert knobs["learner.clip_eps"].help and knobs["learner.kl_coef"].help and "lr" not in {
+        k.rsplit(".", 1)[-1] for k in knobs if k.startswith("learner.")}   # the optimizer is optim.*
     assert knobs["rollout.sampling.temperature"].default == 1.0
     assert knobs["rollout.sampling.max_new_tokens"].default == 48
     assert knobs["health.window"].default == 5
     assert knobs["eval.env_kwargs"].default == {"split": "test"}
-    assert knobs["learner.lr"].type == "float" and "learning rate" in knobs["learner.lr"].help
+    assert knobs["optim.lr"].type == "float" and "learning rate" in knobs["optim.lr"].help
+    assert knobs["lora"].default is None and "LoRA" in knobs["lora"].help
     assert knobs["rollout"].default == "(section)" and knobs["rollout"].help
 
 
@@ -62,8 +65,13 @@ def test_table_has_one_line_per_knob_with_path_default_and_help():
     lines = table.splitlines()
     assert lines[0] == "agentgym train: TrainConfig"
     assert lines[1].split()[:4] == ["path", "type", "default", "help"]
-    assert len(lines) == 2 + len(list(config_fields(TrainConfig)))
-    lr = next(line for line in lines if line.startswith("learner.lr "))
+    main = lines[:lines.index("")]                               # TrainConfig's own table comes first
+    assert len(main) == 2 + len(list(config_fields(TrainConfig)))
+    # then, per other algorithm, the learner settings its typed config adds or defaults otherwise
+    ppo = table[table.index("agentgym train algo=ppo: learner is PPOConfig"):]
+    assert "learner.critic_lr " in ppo and "learner.lam " in ppo and '"token"' in ppo
+    assert "learner.clip_eps " not in ppo                          # the same as grpo's: listed once, above
+    lr = next(line for line in lines if line.startswith("optim.lr "))
     assert "1e-05" in lr and "learning rate" in lr
     temp = next(line for line in lines if line.startswith("rollout.sampling.temperature "))
     assert "1.0" in temp and "temperature" in temp
@@ -87,7 +95,7 @@ def test_agentgym_config_lists_every_knob_from_the_command_line(capsys):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    lr = next(line for line in lines if line.startswith("learner.lr "))
+    lr = next(line for line in lines if line.startswith("optim.lr "))
     assert "1e-05" in lr and len(lr.split()) > 3
     assert any(line.startswith("rollout.sampling.temperature ") for line in lines)
     bad = subprocess.run([sys.executable, "-m", "agentgym", "config", "bogus"], capture_output=True, text=True,

@@ -67,7 +67,7 @@ def test_an_unknown_key_gets_the_closest_known_one(data, hint):
 
 
 @pytest.mark.parametrize("override, hint", [
-    ("lr=1e-5", "unknown config key(s) lr (did you mean 'learner.lr'?)"),
+    ("lr=1e-5", "unknown config key(s) lr (did you mean 'optim.lr'?)"),
     ("stepz=3", "unknown config key(s) stepz (did you mean 'steps'?)"),
     ("rollout.max_new_token=8", "(did you mean 'rollout.sampling.max_new_tokens'?)"),
     ("temperature=0.7", "(did you mean 'learner.temperature' or 'rollout.sampling.temperature'?)"),
@@ -154,7 +154,7 @@ def test_a_model_that_is_neither_a_path_nor_on_the_hub_is_a_one_line_usage_error
                        env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdin=subprocess.DEVNULL)
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-800:]
-    assert last.startswith("error: ConfigError: policy: model ") and spec in last
+    assert last.startswith("error: ConfigError: model: model ") and spec in last
     if spec.startswith(("/", ".")):
         assert "nor a hub id" in last
     else:
@@ -164,7 +164,7 @@ def test_a_model_that_is_neither_a_path_nor_on_the_hub_is_a_one_line_usage_error
 def test_invalid_yaml_is_one_line_with_where(tmp_path):
     from agentgym.algorithms.config import TrainConfig
     bad = tmp_path / "bad.yaml"
-    bad.write_text("steps: 3\nlearner: {lr: [1e-5\n")
+    bad.write_text("steps: 3\noptim: {lr: [1e-5\n")
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, bad)
     msg = str(e.value)
@@ -202,7 +202,7 @@ def test_a_mistyped_hub_id_gets_the_same_message_on_the_vllm_path():
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-800:]
     assert r.stderr.strip().splitlines()[-1].startswith(
-        "error: ConfigError: policy: model 'no_such_org/no_such_model': no local directory of that name, and the "
+        "error: ConfigError: model: model 'no_such_org/no_such_model': no local directory of that name, and the "
         "Hugging Face Hub did not give it (")
 
 

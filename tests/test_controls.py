@@ -77,12 +77,12 @@ def test_compare_runs_the_control_and_reports_every_learner_against_it(tmp_path,
     """A real (tiny) comparison: the control trains like any learner and compare.md judges GRPO against it."""
     from agentgym.algorithms.compare_report import is_negative_control
     from agentgym.app.cli import main
-    assert is_negative_control("grpo-shuffled") and is_negative_control("grpo-shuffled:learner.lr=1e-5")
+    assert is_negative_control("grpo-shuffled") and is_negative_control("grpo-shuffled:optim.lr=1e-5")
     assert is_negative_control("grpo:lr=0") and not is_negative_control("grpo") and not is_negative_control("ppo:lr=1e-5")
     out = tmp_path / "cmp"
     rc = main(["compare", "--env", "Arithmetic-v0", "--algos", "grpo,grpo-shuffled", "--seeds", "2", "--steps", "2",
                "--out", str(out), "model=tiny-random", "groups_per_step=2", "group_size=2",
-               "sampling.max_new_tokens=4", "eval.episodes=2", "learner.lr=1e-3", "learner.micro_batch_size=4",
+               "sampling.max_new_tokens=4", "eval.episodes=2", "optim.lr=1e-3", "learner.micro_batch_size=4",
                "tensorboard=false", "env_kwargs={hard_fraction: 0.0, max_turns: 1}"])
     assert rc == 0, capsys.readouterr().err
     md = (out / "compare.md").read_text()

@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from agentgym.algorithms import (ADVANTAGES, GRPOConfig, LearnerConfig, PPOConfig, ReinforceConfig, RLOOConfig,
-                                 collate, make_learner, resolve_config)
+from agentgym.algorithms import (ADVANTAGES, GRPOConfig, PPOConfig, ReinforceConfig, RLOOConfig, collate)
+from helpers_learners import make
 from agentgym.algorithms.advantages import AdvantageInputs
 from agentgym.trajectory import Trajectory
 
@@ -156,12 +156,12 @@ def test_credit_choices_are_checked_per_estimator():
     with pytest.raises(ValueError, match="credit='gigpo' is not supported by the 'returns'"):
         ADVANTAGES["returns"](ReinforceConfig(credit="gigpo"))
     with pytest.raises(ValueError, match="credit must be one of"):
-        LearnerConfig(credit="per-token")
-    # None in the flat config = the algorithm's default
-    assert resolve_config(ReinforceConfig, LearnerConfig()).credit == "turn"
-    assert resolve_config(GRPOConfig, LearnerConfig()).credit == "episode"
-    assert resolve_config(PPOConfig, LearnerConfig()).credit == "token"
-    assert resolve_config(GRPOConfig, LearnerConfig(credit="turn")).credit == "turn"
+        GRPOConfig(credit="per-token")
+    # each algorithm's default, from its config's own table; a value given wins
+    assert ReinforceConfig().credit == "turn"
+    assert GRPOConfig().credit == "episode"
+    assert PPOConfig().credit == "token"
+    assert PPOConfig(credit="turn").credit == "turn"
 
 
 # --------------------------------------------------------------------------- verl #7244: the bias case
@@ -286,8 +286,8 @@ def test_a_real_learner_trains_with_every_credit_choice(episodes, algo, credit):
     from agentgym.policies.transformers_policy import TransformersPolicy
     from fixtures_llm import cached_tokenizer
     policy = TransformersPolicy.tiny_random(cached_tokenizer(), seed=1)
-    learner = make_learner(algo, policy, LearnerConfig(lr=1e-3, credit=credit, group_scale=False,
-                                                       baseline="none", whiten_advantages=False))
+    learner = make(algo, policy, dict(lr=1e-3, credit=credit, group_scale=False, baseline="none",
+                                      whiten_advantages=False))
     assert learner.config.credit == credit
     trajs = copy.deepcopy(episodes)
     batch = collate(trajs)

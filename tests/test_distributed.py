@@ -28,7 +28,7 @@ UPDATE_SCRIPT = textwrap.dedent("""
     import sys, torch
     import torch.distributed as dist
     from agentgym.algorithms.distributed import init_from_env
-    from agentgym.algorithms import LearnerConfig, make_learner
+    from agentgym.algorithms import GRPOConfig, OptimConfig, PPOConfig, ReinforceConfig, make_learner
     from agentgym.policies.transformers_policy import TransformersPolicy
     from agentgym.policy import SamplingParams
     from agentgym.rollout import RolloutConfig, RolloutEngine
@@ -47,9 +47,10 @@ UPDATE_SCRIPT = textwrap.dedent("""
         torch.manual_seed(0)
         policy = TransformersPolicy.tiny_random(seed=0)
         batch = fixed_batch(policy)             # sampled before any sharding
-        cfg = {"critic": critic} if algo == "ppo" else {}
-        learner = make_learner(algo, policy, LearnerConfig(lr=1e-3, micro_batch_size=1, seed=0, kl_coef=kl_coef,
-                                                           **cfg), fsdp=fsdp)
+        config = {"ppo": PPOConfig, "grpo": GRPOConfig, "reinforce": ReinforceConfig}[algo]
+        extra = {"critic": critic} if algo == "ppo" else {}
+        learner = make_learner(algo, policy, config(micro_batch_size=1, seed=0, kl_coef=kl_coef, **extra),
+                               optim=OptimConfig(lr=1e-3), fsdp=fsdp)
         m = learner.update(batch)
         state = {k: v.detach().clone() for k, v in learner.full_model_state().items()}   # all ranks (FSDP)
         if getattr(learner, "value_head", None) is not None and learner.critic is None:
@@ -169,7 +170,7 @@ def test_fsdp2_two_processes_match_one_process(script, tmp_path, algo, kl, criti
 
 
 TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4",
-        "eval.episodes=2", "learner.lr=1e-3", "learner.micro_batch_size=1", "tensorboard=false",
+        "eval.episodes=2", "optim.lr=1e-3", "learner.micro_batch_size=1", "tensorboard=false",
         "env=Arithmetic-v0", "env_kwargs={hard_fraction: 0.0, max_turns: 2}"]
 
 

@@ -204,7 +204,7 @@ def check_command(argv: list[str]) -> str | None:
     overrides = [o for o in list(getattr(args, "overrides", None) or []) + extra if o not in ("...", "…")]
     classes = {"train": "agentgym.algorithms.trainer:TrainConfig", "compare": "agentgym.algorithms.trainer:TrainConfig",
                "sft": "agentgym.algorithms.offline.sft:SFTRunConfig", "dpo": "agentgym.algorithms.offline.dpo:DPORunConfig",
-               "eval": "agentgym.app.evaluation:EvalRunConfig"}
+               "eval": "agentgym.app.eval_run:EvalRunConfig"}
     if args.command not in classes:
         return None
     import importlib
@@ -233,7 +233,7 @@ def test_command_check_can_fail():
     assert check_command(["trian"]) is not None
     assert check_command(["sft", "--resume"]) is not None              # sft has no --resume
     assert "config" in check_command(["train", "learner.no_such_key=1"])
-    assert check_command(["train", "--steps", "3", "--learner.lr=1e-6"]) is None   # options as overrides
+    assert check_command(["train", "--steps", "3", "--optim.lr=1e-6"]) is None   # options as overrides
     assert "config" in check_command(["train", "--learner.no-such-key", "1"])
 
 

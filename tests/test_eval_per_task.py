@@ -9,7 +9,8 @@ import math
 import pytest
 
 from agentgym.app.cli import main
-from agentgym.app.evaluation import load_eval_tasks, paired_difference, per_task, task_summary
+from agentgym.app.eval_run import load_eval_tasks
+from agentgym.evaluation import paired_difference, per_task, task_summary
 from agentgym.stats import bootstrap_ci, paired_bootstrap_ci
 from agentgym.rollout_metrics import task_groups
 from agentgym.trajectory import Trajectory

@@ -50,12 +50,12 @@ def test_the_page_has_one_file_per_part():
 
 
 TINY = ["model=tiny-random", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4", "eval.episodes=2",
-        "learner.lr=1e-3", "learner.micro_batch_size=4", "tensorboard=false", "steps=1", "env=Arithmetic-v0",
+        "optim.lr=1e-3", "learner.micro_batch_size=4", "tensorboard=false", "steps=1", "env=Arithmetic-v0",
         "env_kwargs={hard_fraction: 0.0, max_turns: 2}"]
 
 
 @pytest.mark.parametrize("module, algo, extra", [("median_baseline", "median-grpo", []),
-                                                 ("capped_pg", "capped-grpo", ["learner.extra.cap=3"])])
+                                                 ("capped_pg", "capped-grpo", ["learner.cap=3"])])
 def test_each_file_alone_trains_through_the_cli(modules, monkeypatch, capsys, module, algo, extra):
     from agentgym.app.cli import main
     monkeypatch.chdir(modules)                       # --import resolves modules from the current directory

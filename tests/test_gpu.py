@@ -21,13 +21,13 @@ TINY = ["model=tiny-random", "groups_per_step=2", "group_size=2", "sampling.max_
 
 
 def test_auto_precision_is_bf16_on_cuda_and_the_learner_updates_under_it():
-    from agentgym.algorithms import LearnerConfig, make_learner
+    from agentgym.algorithms import OptimConfig, make_learner
     from agentgym.policies.transformers_policy import TransformersPolicy
     from agentgym.policy import SamplingParams
     from agentgym.rollout_config import RolloutConfig
     from agentgym.rollout import RolloutEngine
     policy = TransformersPolicy.tiny_random(seed=0, device="cuda")
-    learner = make_learner("grpo", policy, LearnerConfig(lr=1e-3), precision="auto")
+    learner = make_learner("grpo", policy, optim=OptimConfig(lr=1e-3), precision="auto")
     assert learner.precision.name == "bf16" and learner.precision.device_type == "cuda"
     engine = RolloutEngine(policy, RolloutConfig(sampling=SamplingParams(max_new_tokens=6, seed=0)))
     try:

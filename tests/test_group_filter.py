@@ -189,7 +189,7 @@ def test_difficulty_filtering_draws_an_always_solved_task_less():
 
 
 TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4",
-        "eval.episodes=1", "learner.micro_batch_size=4", "tensorboard=false", "learner.lr=1e-3"]
+        "eval.episodes=1", "learner.micro_batch_size=4", "tensorboard=false", "optim.lr=1e-3"]
 
 
 def _trainer(tmp_path, name: str, *extra: str):

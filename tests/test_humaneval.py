@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 
 import agentgym
-from agentgym.app.evaluation import EvalRunConfig, evaluate, pass_at_k_text, pass_at_k_values, task_summary
+from agentgym.app.eval_run import EvalRunConfig, evaluate, pass_at_k_text
+from agentgym.evaluation import pass_at_k_values, task_summary
 from agentgym.stats import pass_at_k
 from agentgym.envs.humaneval import (
     NUM_PROBLEMS, HumanEvalEnv, _reply_code, build_program, grade_programs, humaneval_problems,
 )
-from agentgym.envs.sandbox import (ALLOW_UNSAFE_ENV_VAR, SandboxRefusedError, available_backends, best_sandbox,
+from agentgym.envs.services.sandbox import (ALLOW_UNSAFE_ENV_VAR, SandboxRefusedError, available_backends, best_sandbox,
                                    make_sandbox)
 
 ENV_ID = "agentgym/HumanEval-v0"

@@ -61,7 +61,7 @@ def flaky_url():
 
 
 def test_a_failing_retriever_marks_the_episode_without_a_traceback(flaky_url):
-    from agentgym.envs.retrieval.remote import RemoteRetriever, RetrieverUnavailable
+    from agentgym.envs.services.retrieval.remote import RemoteRetriever, RetrieverUnavailable
     assert issubclass(RetrieverUnavailable, InfraError)
     env = agentgym.make("SearchQA-v0", retriever=RemoteRetriever(flaky_url, max_retries=0), max_turns=4)
     marked = normal = 0
@@ -99,7 +99,7 @@ def test_tools_pass_infra_errors_through_and_keep_policy_errors_as_observations(
 
 
 def test_sandbox_failures_are_infrastructure_failures():
-    from agentgym.envs.sandbox import SandboxError
+    from agentgym.envs.services.sandbox import SandboxError
     assert issubclass(SandboxError, InfraError)
 
 
@@ -170,7 +170,7 @@ def test_marked_episodes_never_reach_the_loss(tmp_path, flaky_url):
 
 def test_an_eval_neither_passes_nor_fails_an_episode_a_service_failure_ended(flaky_url):
     """Held-out metrics leave marked episodes out of every rate and count them apart (issue 23)."""
-    from agentgym.app.evaluation import EvalRunConfig, evaluate
+    from agentgym.app.eval_run import EvalRunConfig, evaluate
     from agentgym.policies.scripted import ScriptedPolicy
     from agentgym.rollout_metrics import summarize
     from fixtures_llm import cached_tokenizer

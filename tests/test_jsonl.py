@@ -7,7 +7,7 @@ import gzip
 import pytest
 
 from agentgym.envs.codeexec.problems import ProblemFormatError, load_problems
-from agentgym.envs.retrieval import Corpus
+from agentgym.envs.services.retrieval import Corpus
 from agentgym.envs.searchqa.data import DatasetFormatError, load_corpus_jsonl
 from agentgym.jsonl import read_jsonl
 

@@ -80,6 +80,47 @@ def test_the_kernel_imports_no_concrete_part():
     assert not offenders, "the kernel imports concrete parts:\n" + "\n".join(offenders)
 
 
+
+
+def _absolute_imports(path: Path, package: str) -> set[str]:
+    """The modules ``path`` imports, relative imports resolved against its ``package``."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            names.add(".".join(base + ([node.module] if node.module else [])))
+    return names
+
+
+def test_services_import_no_env():
+    """Envs import services (sandboxes, retrievers), never the reverse: nothing under
+    ``agentgym.envs.services`` imports an env module (``agentgym.envs.<env>``)."""
+    envs = {p.stem for p in (ROOT / "envs").iterdir()
+            if p.name not in ("services", "__init__.py", "__pycache__") and (p.suffix == ".py" or p.is_dir())}
+    assert {"searchqa", "codeexec", "humaneval", "react"} <= envs
+    offenders = []
+    for path in sorted((ROOT / "envs" / "services").rglob("*.py")):
+        rel = path.relative_to(ROOT / "envs").with_suffix("")
+        parts = ["agentgym", "envs", *rel.parts]
+        package = ".".join(parts if path.name == "__init__.py" else parts[:-1]).removesuffix(".__init__")
+        bad = sorted(m for m in _absolute_imports(path, package)
+                     if m == "agentgym.envs" or (m.startswith("agentgym.envs.") and m.split(".")[2] in envs))
+        if bad:
+            offenders.append(f"{path.relative_to(ROOT)}: {', '.join(bad)}")
+    assert not offenders, "services import envs:\n" + "\n".join(offenders)
+
+
+
+def test_services_have_one_path():
+    """No shim where the services lived before they moved under envs/services/ (issue 48: none before 1.0)."""
+    import importlib.util
+    for old in ("agentgym.envs.sandbox", "agentgym.envs.retrieval"):
+        spec = importlib.util.find_spec(old)
+        assert spec is None or spec.origin is None, f"{old} is still importable from {spec.origin}"
+    assert importlib.util.find_spec("agentgym.envs.services.sandbox") is not None
+
 def _top_level_definitions(tree: ast.Module) -> set[str]:
     out: set[str] = set()
     for n in tree.body:

@@ -1,5 +1,5 @@
 """Pluggable learners: the public registry (``register_learner`` / ``register_advantage`` /
-``register_objective``), typed per-algorithm configs filled from the flat ``learner:`` section, the
+``register_objective``), typed per-algorithm configs that the ``learner:`` section is checked against, the
 new built-in learners (RLOO, GSPO, CISPO, dual-clip PPO) on a real tiny model, and the README's "Add
 an algorithm" module loaded through the real CLI (``agentgym --import … train`` and ``compare``)."""
 
@@ -16,14 +16,14 @@ import torch
 
 import agentgym.algorithms as algorithms
 from agentgym.algorithms import (ADVANTAGES, LEARNERS, OBJECTIVES, CISPOConfig, DualClipPPOConfig, GRPOConfig,
-                                 GSPOConfig, Learner, LearnerConfig, OptimConfig, PPOConfig, RLOOConfig, collate,
-                                 compose_config, make_learner, register_advantage, register_learner,
-                                 register_objective, resolve_config)
+                                 GSPOConfig, Learner, OptimConfig, PPOConfig, RLOOConfig, UpdateConfig, collate,
+                                 make_learner, register_advantage, register_learner, register_objective)
+from agentgym.algorithms.config import TrainConfig
+from agentgym.config import ConfigError, load_config
 from agentgym.algorithms.batch import Batch
 from agentgym.algorithms.compare_arms import parse_variants
 from agentgym.algorithms.catalog import learner_needs_groups
-from agentgym.algorithms.objectives import (ClipObjective, CISPOObjective, DualClipObjective, GSPOObjective,
-                                            PolicyObjective)
+from agentgym.algorithms.objectives import ClipObjective, CISPOObjective, DualClipObjective, GSPOObjective
 from agentgym.app.cli import main
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
@@ -31,6 +31,7 @@ from agentgym.rollout_config import RolloutConfig
 from agentgym.rollout import RolloutEngine
 
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse fixture)
+from helpers_learners import make
 
 README = Path(__file__).resolve().parents[1] / "docs" / "training.md"   # the "Add an algorithm" guide
 TEMPERATURE = 0.1
@@ -87,43 +88,51 @@ def test_typed_configs_carry_each_algorithms_defaults():
     assert DualClipPPOConfig().dual_clip_c == 3.0 and PPOConfig().dual_clip_c is None
     assert (GRPOConfig().clip_eps, GRPOConfig().loss_agg, GRPOConfig().credit) == (0.2, "token-mean", "episode")
     assert PPOConfig().critic == "head" and not hasattr(GRPOConfig(), "critic")   # only learners with a critic
-    assert issubclass(GRPOConfig, OptimConfig) and issubclass(LearnerConfig, OptimConfig)
-    # the flat config holds every setting of every built-in learner
-    flat = {f.name for f in dataclasses.fields(LearnerConfig)}
-    for cls in (GRPOConfig, GSPOConfig, CISPOConfig, RLOOConfig, PPOConfig, DualClipPPOConfig):
-        assert {f.name for f in dataclasses.fields(cls)} <= flat, cls.__name__
-
-
-def test_the_flat_config_resolves_into_typed_configs():
-    flat = LearnerConfig(lr=3e-5, kl_coef=0.01, group_scale=False, critic="model")
-    gspo = resolve_config(GSPOConfig, flat)
-    assert type(gspo) is GSPOConfig and gspo.lr == 3e-5 and gspo.kl_coef == 0.01 and gspo.group_scale is False
-    assert gspo.clip_eps == 3e-4 and gspo.loss_agg == "seq-mean-token-mean"   # None: GSPO's own defaults
-    assert resolve_config(GSPOConfig, LearnerConfig(clip_eps=1e-3, loss_agg="token-mean")).clip_eps == 1e-3
-    assert resolve_config(PPOConfig, flat).critic == "model" and resolve_config(PPOConfig, flat).clip_eps == 0.2
-    assert resolve_config(DualClipPPOConfig, LearnerConfig(dual_clip_c=5.0)).dual_clip_c == 5.0
-    # a typed config goes through as is, and None gives the defaults
-    own = GRPOConfig(lr=1.0)
-    assert resolve_config(GRPOConfig, own) is own and resolve_config(GRPOConfig) == GRPOConfig()
-    # extra: only settings the algorithm's config has and the flat one lacks
-    with pytest.raises(ValueError, match="learner.extra.lr: lr is a learner setting"):
-        resolve_config(GRPOConfig, LearnerConfig(extra={"lr": 1.0}))
-    with pytest.raises(ValueError, match="learner.extra.cap: not a setting of GRPOConfig"):
-        resolve_config(GRPOConfig, LearnerConfig(extra={"cap": 1.0}))
-    # typed configs validate like the flat one
+    # a value given wins over the algorithm's own default; the optimizer is not a learner setting
+    assert GSPOConfig(clip_eps=1e-3).clip_eps == 1e-3 and GSPOConfig(clip_eps=1e-3).clip_eps_high == 4e-4
+    assert issubclass(GRPOConfig, UpdateConfig) and not issubclass(GRPOConfig, OptimConfig)
+    assert dataclasses.replace(GSPOConfig(), seed=3).clip_eps == 3e-4
+    # typed configs validate
     with pytest.raises(ValueError, match="loss_agg"):
         GSPOConfig(loss_agg=None)
     with pytest.raises(ValueError, match="dual_clip_c"):
-        LearnerConfig(dual_clip_c=0.5)
+        PPOConfig(dual_clip_c=0.5)
 
 
-def test_flat_yaml_section_with_new_keys_loads_through_the_train_config():
-    from agentgym.algorithms.config import TrainConfig
-    from agentgym.config import load_config
+def test_the_learner_section_is_checked_against_the_algorithms_config():
     cfg = load_config(TrainConfig, None, ["algo=gspo", "learner.credit=turn", "learner.gamma=0.9",
-                                          "learner.extra.cap=3", "learner.loss_token_kinds=[policy]"])
-    assert cfg.learner.credit == "turn" and cfg.learner.extra == {"cap": 3}
-    assert cfg.learner.loss_token_kinds == ("policy",) and cfg.learner.clip_eps is None
+                                          "learner.loss_token_kinds=[policy]", "optim.lr=3e-5"])
+    assert type(cfg.learner) is GSPOConfig and cfg.learner.credit == "turn" and cfg.optim.lr == 3e-5
+    assert cfg.learner.loss_token_kinds == ("policy",) and cfg.learner.clip_eps == 3e-4   # GSPO's own
+    ppo = load_config(TrainConfig, None, ["algo=ppo", "learner.critic=model"])
+    assert type(ppo.learner) is PPOConfig and ppo.learner.credit == "token" and ppo.learner.critic == "model"
+    # a setting the algorithm does not have is an error that lists the algorithm's own
+    with pytest.raises(ConfigError, match=r"learner.critic .*\(not settings of GRPOConfig\); valid: .*group_scale"):
+        load_config(TrainConfig, None, ["learner.critic=model"])
+    with pytest.raises(ConfigError, match="learner.group_scale .*not settings of PPOConfig"):
+        load_config(TrainConfig, None, ["algo=ppo", "learner.group_scale=false"])
+    # in Python: a mapping is built into the algorithm's config, an instance of another one is refused
+    assert type(TrainConfig(algo="ppo", learner={"lam": 0.9}).learner) is PPOConfig
+    assert type(TrainConfig(algo="rloo").learner) is RLOOConfig
+    with pytest.raises(ValueError, match="algo=ppo takes a PPOConfig, got GRPOConfig"):
+        TrainConfig(algo="ppo", learner=GRPOConfig())
+    with pytest.raises(TypeError, match="takes a PPOConfig"):
+        make_learner("ppo", new_policy(0), GRPOConfig())
+
+
+@pytest.mark.parametrize("key, new", [("lr", "optim.lr"), ("warmup_ratio", "optim.warmup_ratio"),
+                                      ("max_grad_norm", "optim.max_grad_norm"), ("lora", "lora"),
+                                      ("gradient_checkpointing", "optim.gradient_checkpointing")])
+def test_renamed_learner_keys_are_refused_with_their_new_path(tmp_path, key, new):
+    value = "{r: 4}" if key == "lora" else "1"
+    with pytest.raises(ConfigError, match=f"^learner.{key} was renamed {re.escape(new)}$"):
+        load_config(TrainConfig, None, [f"learner.{key}={value}"])
+    old = tmp_path / "config.yaml"                   # a config.yaml written before the rename
+    old.write_text(f"steps: 3\nlearner:\n  {key}: {value}\n  micro_batch_size: 4\n")
+    with pytest.raises(ConfigError, match=f"learner.{key} was renamed {re.escape(new)}"):
+        load_config(TrainConfig, old)
+    with pytest.raises(ConfigError, match="learner.extra was renamed learner.KEY"):
+        load_config(TrainConfig, None, ["learner.extra.cap=3"])
 
 
 # --------------------------------------------------------------------------- the registry
@@ -133,6 +142,10 @@ def test_register_parts_and_learners_as_functions_classes_and_decorators(clean_r
     class ScaleSettings:
         scale: float = 2.0
 
+    @dataclasses.dataclass
+    class OnePGConfig(ScaleSettings, GRPOConfig):
+        """GRPO's settings and the objective's scale."""
+
     @register_objective("scaled-pg", settings=(ScaleSettings,), on_policy_only=True)
     def scaled_pg(logp, old_logp, advantages, mask, config):
         return -config.scale * advantages * logp
@@ -141,14 +154,16 @@ def test_register_parts_and_learners_as_functions_classes_and_decorators(clean_r
     def constant_one(inputs, config):
         return inputs.to_tokens([[1.0] * len(t.turn_spans) for t in inputs.trajectories])
 
-    cls = register_learner("One-PG", advantage="constant-one", objective="scaled-pg")
+    cls = register_learner("One-PG", advantage="constant-one", objective="scaled-pg", config=OnePGConfig)
     assert LEARNERS["one-pg"] is cls and cls.name == "one-pg" and issubclass(cls, Learner)
-    assert {f.name for f in dataclasses.fields(cls.config_class)} >= {"scale", "credit", "lr"}
-    assert cls.config_class().scale == 2.0
+    assert cls.config_class is OnePGConfig and OnePGConfig().scale == 2.0
     policy = new_policy(2)
-    learner = make_learner("ONE-PG", policy, LearnerConfig(lr=1e-2, extra={"scale": 0.5}))
+    learner = make_learner("ONE-PG", policy, OnePGConfig(scale=0.5), optim=OptimConfig(lr=1e-2))
     assert learner.config.scale == 0.5 and learner.objective.on_policy_only
     assert learner._epochs_and_minibatch(6) == (1, 6, False)
+    # its own setting through the train config: learner.scale, checked against its class
+    cfg = load_config(TrainConfig, None, ["algo=one-pg", "learner.scale=0.25"])
+    assert type(cfg.learner) is OnePGConfig and cfg.learner.scale == 0.25
 
     # a class-based objective and a Learner subclass registered with the decorator
     @register_objective("half-clip")
@@ -163,37 +178,41 @@ def test_register_parts_and_learners_as_functions_classes_and_decorators(clean_r
     assert LEARNERS["half-grpo"] is HalfGRPO and isinstance(make_learner("half-grpo", policy).objective, HalfClip)
 
     @register_learner("half-ppo")
-    class HalfPPO(Learner):                 # no config given: composed from the parts (and the critic's)
-        advantage_name, objective_name = "gae", "half-clip"
-    assert {"critic", "lam", "clip_eps"} <= {f.name for f in dataclasses.fields(HalfPPO.config_class)}
+    class HalfPPO(Learner):
+        advantage_name, objective_name, config_class = "gae", "half-clip", PPOConfig
     assert make_learner("half-ppo", policy).value_head is not None
 
+    # the config is the learner's own, and must carry every settings block its parts read
+    with pytest.raises(TypeError, match="needs config=: a dataclass subclassing UpdateConfig"):
+        register_learner("no-config", advantage="constant-one", objective="scaled-pg")
+    with pytest.raises(TypeError, match="config GRPOConfig lacks the settings its parts read: ScaleSettings"):
+        register_learner("bad-config", advantage="group", objective="scaled-pg", config=GRPOConfig)
+    with pytest.raises(TypeError, match="lacks the settings its parts read: GAESettings, CriticSettings"):
+        register_learner("no-critic", advantage="gae", objective="clip", config=GRPOConfig)
     # names are checked; a second registration needs replace=True
     with pytest.raises(ValueError, match="already registered"):
-        register_learner("grpo", advantage="group", objective="clip")
-    register_learner("half-grpo", advantage="group", objective="clip", replace=True)
+        register_learner("grpo", advantage="group", objective="clip", config=GRPOConfig)
+    register_learner("half-grpo", advantage="group", objective="clip", config=GRPOConfig, replace=True)
     with pytest.raises(ValueError, match="unknown objective 'nope'"):
-        register_learner("bad", advantage="group", objective="nope")
+        register_learner("bad", advantage="group", objective="nope", config=GRPOConfig)
     with pytest.raises(ValueError, match="free of ':'"):
         register_objective("a:b", scaled_pg)
     with pytest.raises(TypeError, match="needs a subclass of AdvantageEstimator or a function"):
         register_advantage("x", 3)
-    with pytest.raises(ValueError, match="no part's settings declare"):
-        compose_config("BadConfig", type("P", (PolicyObjective,), {"defaults": {"nope": 1}}))
 
 
 def test_registered_learner_state_round_trips(clean_registries, small_batch):
-    register_learner("rloo-cispo", advantage="rloo", objective="cispo")
-    cfg = LearnerConfig(lr=1e-2, seed=3, epochs=2, minibatch_size=3)
-    a = make_learner("rloo-cispo", new_policy(4), cfg)
+    register_learner("rloo-cispo", advantage="rloo", objective="cispo", config=CISPOConfig)
+    cfg = dict(lr=1e-2, seed=3, epochs=2, minibatch_size=3)
+    a = make("rloo-cispo", new_policy(4), cfg)
     a.update(copy.deepcopy(small_batch))
-    b = make_learner("rloo-cispo", new_policy(4), cfg)
+    b = make("rloo-cispo", new_policy(4), cfg)
     b.policy.model.load_state_dict(a.policy.model.state_dict())
     b.load_state_dict(copy.deepcopy(a.state_dict()))   # as from a checkpoint file: no shared tensors
     ma, mb = a.update(copy.deepcopy(small_batch)), b.update(copy.deepcopy(small_batch))
     assert ma["loss"] == pytest.approx(mb["loss"], rel=1e-5)
     with pytest.raises(ValueError, match="cannot load"):
-        make_learner("rloo", new_policy(4), cfg).load_state_dict(a.state_dict())
+        make("rloo", new_policy(4), cfg).load_state_dict(a.state_dict())
 
 
 # --------------------------------------------------------------------------- the new learners, for real
@@ -202,7 +221,7 @@ def test_registered_learner_state_round_trips(clean_registries, small_batch):
                                              ("cispo", CISPOObjective), ("dual-clip-ppo", DualClipObjective)])
 def test_new_learners_update_a_real_model(small_batch, name, objective):
     policy = new_policy(5)
-    learner = make_learner(name, policy, LearnerConfig(lr=1e-2, epochs=2, minibatch_size=3, seed=0))
+    learner = make(name, policy, dict(lr=1e-2, epochs=2, minibatch_size=3, seed=0))
     assert type(learner.objective) is objective
     before = [p.detach().clone() for p in learner.policy_parameters()]
     m = learner.update(copy.deepcopy(small_batch))
@@ -217,7 +236,7 @@ def test_new_learners_update_a_real_model(small_batch, name, objective):
 
 def test_rloo_learner_uses_leave_one_out_advantages(small_batch):
     trajs = copy.deepcopy(small_batch)
-    learner = make_learner("rloo", new_policy(6), LearnerConfig(lr=1e-3))
+    learner = make_learner("rloo", new_policy(6), optim=OptimConfig(lr=1e-3))
     batch = collate(trajs)
     learner.compute_advantages(trajs, batch, batch.token_rewards, batch.loss_mask)
     returns = [t.total_reward for t in trajs]
@@ -229,7 +248,7 @@ def test_rloo_learner_uses_leave_one_out_advantages(small_batch):
 
 
 def test_loss_token_kinds_reach_the_batch_mask_or_are_refused(small_batch):
-    cfg = LearnerConfig(lr=1e-3, loss_token_kinds=("policy",))
+    cfg = GRPOConfig(loss_token_kinds=("policy",))
     if "kinds" not in __import__("inspect").signature(Batch.train_mask).parameters:
         with pytest.raises(ValueError, match="typed token provenance"):
             make_learner("grpo", new_policy(7), cfg)
@@ -237,15 +256,15 @@ def test_loss_token_kinds_reach_the_batch_mask_or_are_refused(small_batch):
     learner = make_learner("grpo", new_policy(7), cfg)
     batch = collate(small_batch)
     assert torch.equal(learner._train_mask(batch), batch.train_mask(True, kinds=("policy",)))
-    assert make_learner("grpo", new_policy(7), LearnerConfig())._train_mask(batch).equal(batch.train_mask(True))
+    assert make_learner("grpo", new_policy(7))._train_mask(batch).equal(batch.train_mask(True))
     # the ablation that trains on policy tokens and the env's replies, but nothing else
-    ablation = LearnerConfig(lr=1e-3, mask_env_tokens=False, loss_token_kinds=("policy", "env"))
-    learner = make_learner("grpo", new_policy(7), ablation)
+    ablation = GRPOConfig(mask_env_tokens=False, loss_token_kinds=("policy", "env"))
+    learner = make_learner("grpo", new_policy(7), ablation, optim=OptimConfig(lr=1e-3))
     m = learner.update(copy.deepcopy(small_batch))
     assert m["skipped"] == 0 and m["tokens"] == float(batch.train_mask(False, kinds=("policy", "env")).sum())
     assert m["tokens"] > sum(t.num_policy_tokens for t in small_batch)
     with pytest.raises(ValueError, match="unknown token kinds"):
-        make_learner("grpo", new_policy(7), LearnerConfig(loss_token_kinds=("tool-output",)))
+        make_learner("grpo", new_policy(7), GRPOConfig(loss_token_kinds=("tool-output",)))
 
 
 # --------------------------------------------------------------------------- the README module, through the CLI
@@ -260,7 +279,7 @@ def readme_module() -> str:
 
 
 TINY = ["model=tiny-random", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4", "eval.episodes=2",
-        "learner.lr=1e-3", "learner.micro_batch_size=4", "tensorboard=false",
+        "optim.lr=1e-3", "learner.micro_batch_size=4", "tensorboard=false",
         "env_kwargs={hard_fraction: 0.0, max_turns: 2}"]
 
 
@@ -271,7 +290,7 @@ def test_readme_algorithm_trains_and_compares_through_the_cli(clean_registries, 
     monkeypatch.delitem(sys.modules, "readme_algo_mod", raising=False)
     try:
         run = tmp_path / "run"
-        rc = main(["--import", "readme_algo_mod", "train", "algo=median-pg", "learner.extra.cap=3", "steps=1",
+        rc = main(["--import", "readme_algo_mod", "train", "algo=median-pg", "learner.cap=3", "steps=1",
                    "env=Arithmetic-v0", f"output_dir={run}", *TINY])
         assert rc == 0, capsys.readouterr().err
         assert "median-pg" in LEARNERS and (run / "train_log.csv").stat().st_size > 0
@@ -279,7 +298,8 @@ def test_readme_algorithm_trains_and_compares_through_the_cli(clean_registries, 
         assert "algo: median-pg" in saved and "cap: 3" in saved
 
         # compare: the registered learner next to a built-in, its own setting as a variant key
-        assert parse_variants("median-pg:cap=3")[0].overrides == ("learner.extra.cap=3",)
+        assert parse_variants("median-pg:cap=3")[0].overrides == ("learner.cap=3",)
+        assert parse_variants("median-pg:lr=0")[0].overrides == ("optim.lr=0",)
         out = tmp_path / "cmp"
         rc = main(["--import", "readme_algo_mod", "compare", "--env", "Arithmetic-v0", "--algos",
                    "grpo:credit=turn,median-pg:cap=3", "--seeds", "1", "--steps", "1", "--out", str(out), *TINY])
@@ -291,4 +311,4 @@ def test_readme_algorithm_trains_and_compares_through_the_cli(clean_registries, 
         sys.modules.pop("readme_algo_mod", None)
     # an unknown algo still fails in one line, naming the registered ones
     assert main(["train", "algo=nope", "env=Arithmetic-v0", *TINY]) == 2
-    assert "choose from" in capsys.readouterr().err
+    assert "algo: unknown learner 'nope'; registered: " in capsys.readouterr().err

@@ -14,8 +14,7 @@ import torch
 
 import agentgym
 from agentgym import AgentEnv, Reward, Transition, shaper
-from agentgym.algorithms import (GRPOLearner, LearnerConfig, LoraSettings, PPOLearner, ReinforceLearner, collate,
-                                 lr_factor, make_learner)
+from agentgym.algorithms import GRPOLearner, LoraSettings, PPOLearner, ReinforceLearner, collate, lr_factor
 from agentgym.algorithms.losses import LOSS_AGG_MODES
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
@@ -24,6 +23,7 @@ from agentgym.rollout import RolloutEngine
 from agentgym.trajectory import Trajectory
 
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse fixture)
+from helpers_learners import make
 
 
 # --------------------------------------------------------------------------- a tiny learnable env
@@ -87,11 +87,11 @@ def engine_for(policy, max_new_tokens: int = 6) -> RolloutEngine:
     return RolloutEngine(policy, RolloutConfig(sampling=sampling, env_workers=1))
 
 
-def learning_curve(name: str, env_id: str, cfg: LearnerConfig, steps: int, precision: str | None = None) -> list[float]:
+def learning_curve(name: str, env_id: str, cfg: dict, steps: int, precision: str | None = None) -> list[float]:
     """Mean episode reward of each batch (before the update on it); ``precision`` as a run's (sampler too)."""
     torch.manual_seed(0)   # sampling uses torch's global RNG
     policy = new_policy(0)
-    learner = make_learner(name, policy, cfg, precision=precision)
+    learner = make(name, policy, cfg, precision=precision)
     if precision is not None:   # the colocated sampler generates in the precision the learner resolved
         policy = TransformersPolicy(policy.model, policy.tokenizer, precision=learner.precision.name)
     engine = engine_for(policy)
@@ -118,31 +118,31 @@ def assert_learned(curve: list[float], margin: float = 0.4) -> None:
 # --------------------------------------------------------------------------- learning
 
 def test_reinforce_learns(env_id):
-    cfg = LearnerConfig(lr=5e-3, temperature=TEMPERATURE, baseline="rebn", seed=0)
+    cfg = dict(lr=5e-3, temperature=TEMPERATURE, baseline="rebn", seed=0)
     assert_learned(learning_curve("reinforce", env_id, cfg, steps=8))
 
 
 def test_grpo_learns(env_id):
-    cfg = LearnerConfig(lr=2e-3, temperature=TEMPERATURE, kl_coef=0.01, kl_estimator="k3", seed=0)
+    cfg = dict(lr=2e-3, temperature=TEMPERATURE, kl_coef=0.01, kl_estimator="k3", seed=0)
     assert_learned(learning_curve("grpo", env_id, cfg, steps=8))
 
 
 def test_ppo_learns(env_id):
     # two minibatches: the second step is slightly off-policy, so ratios and clipping are exercised
-    cfg = LearnerConfig(lr=2e-3, critic_lr=1e-2, temperature=TEMPERATURE, minibatch_size=16, seed=0)
+    cfg = dict(lr=2e-3, critic_lr=1e-2, temperature=TEMPERATURE, minibatch_size=16, seed=0)
     assert_learned(learning_curve("ppo", env_id, cfg, steps=8))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("baseline", ["none", "mean", "ema"])
 def test_reinforce_learns_with_every_baseline(env_id, baseline):
-    cfg = LearnerConfig(lr=5e-3, temperature=TEMPERATURE, baseline=baseline, seed=0)
+    cfg = dict(lr=5e-3, temperature=TEMPERATURE, baseline=baseline, seed=0)
     assert_learned(learning_curve("reinforce", env_id, cfg, steps=14))
 
 
 @pytest.mark.slow
 def test_grpo_learns_without_env_token_masking(env_id):
-    cfg = LearnerConfig(lr=2e-3, temperature=TEMPERATURE, mask_env_tokens=False, group_scale=False,
+    cfg = dict(lr=2e-3, temperature=TEMPERATURE, mask_env_tokens=False, group_scale=False,
                         loss_agg="dr-grpo", seed=0)
     assert_learned(learning_curve("grpo", env_id, cfg, steps=12))
 
@@ -164,7 +164,7 @@ def small_batch(env_id: str, policy, seed: int = 0):
 def test_update_trains_the_policy_module_generate_uses(env_id):
     policy = new_policy(4)
     trajs = small_batch(env_id, policy)
-    learner = make_learner("grpo", policy, LearnerConfig(lr=1e-2, temperature=TEMPERATURE))
+    learner = make("grpo", policy, dict(lr=1e-2, temperature=TEMPERATURE))
     assert learner.model is policy.model
     prompt = trajs[0].token_ids[: trajs[0].prompt_length]
     sampling = SamplingParams(max_new_tokens=3, temperature=TEMPERATURE, seed=0)
@@ -184,8 +184,8 @@ def test_lora_trains_only_the_adapter(env_id, name):
     policy = new_policy(5)
     trajs = small_batch(env_id, policy)
     base = policy.model
-    cfg = LearnerConfig(lr=1e-2, temperature=TEMPERATURE, kl_coef=0.1, lora=LoraSettings(r=4, alpha=8))
-    learner = make_learner(name, policy, cfg)
+    cfg = dict(lr=1e-2, temperature=TEMPERATURE, kl_coef=0.1, lora=LoraSettings(r=4, alpha=8))
+    learner = make(name, policy, cfg)
     from peft import PeftModel
     # the learner owns its PEFT wrapper; the policy keeps its module (the adapters are injected into it)
     assert isinstance(learner.model, PeftModel) and policy.model is base and learner.model.get_base_model() is base
@@ -198,7 +198,7 @@ def test_lora_trains_only_the_adapter(env_id, name):
     assert m1["kl"] == pytest.approx(0.0, abs=1e-6) and m2["kl"] > 0   # the adapter moved away from the base
     # the adapter's random init is seeded by the config: the same on a second identical policy
     twin = new_policy(5)
-    twin_learner = make_learner(name, twin, cfg)
+    twin_learner = make(name, twin, cfg)
     assert all(torch.equal(before[k], v) for k, v in twin_learner.model.named_parameters())
     changed = {k for k, v in learner.model.named_parameters() if not torch.equal(v, before[k])}
     assert changed and all("lora_" in k for k in changed)
@@ -215,7 +215,7 @@ def test_lora_trains_only_the_adapter(env_id, name):
 def test_ppo_with_a_separate_critic_model(env_id):
     policy = new_policy(14)
     trajs = small_batch(env_id, policy)
-    learner = make_learner("ppo", policy, LearnerConfig(lr=1e-2, critic="model", critic_lr=1e-2,
+    learner = make("ppo", policy, dict(lr=1e-2, critic="model", critic_lr=1e-2,
                                                         temperature=TEMPERATURE, epochs=2, minibatch_size=3))
     assert learner.critic is not None and not hasattr(policy, "value_head")
     critic_ids = {id(p) for p in learner.critic_parameters()}
@@ -236,10 +236,10 @@ def test_ppo_with_a_separate_critic_model(env_id):
     ("grpo", {"epochs": 2, "minibatch_size": 3, "kl_coef": 0.05, "warmup_steps": 3}),
 ])
 def test_state_dict_round_trip_resumes_identically(env_id, name, extra):
-    cfg = LearnerConfig(lr=1e-2, temperature=TEMPERATURE, seed=7, **extra)
+    cfg = dict(lr=1e-2, temperature=TEMPERATURE, seed=7, **extra)
     policy = new_policy(6)
     batches = [small_batch(env_id, policy, seed=s) for s in range(3)]
-    learner = make_learner(name, policy, cfg)
+    learner = make(name, policy, cfg)
     for b in batches[:2]:
         learner.update(copy.deepcopy(b))
     buf = io.BytesIO()
@@ -251,7 +251,7 @@ def test_state_dict_round_trip_resumes_identically(env_id, name, extra):
     resumed_policy.model.load_state_dict(saved["model"])
     if name == "grpo":  # the reference is the policy at construction: rebuild from the same start
         resumed_policy = new_policy(6)
-    resumed = make_learner(name, resumed_policy, cfg)
+    resumed = make(name, resumed_policy, cfg)
     if name == "grpo":
         resumed_policy.model.load_state_dict(saved["model"])
     resumed.load_state_dict(saved["learner"])
@@ -268,20 +268,20 @@ def test_state_dict_round_trip_resumes_identically(env_id, name, extra):
     if name == "reinforce":
         assert resumed.baseline.value == pytest.approx(learner.baseline.value)
     with pytest.raises(ValueError, match="cannot load"):
-        other = make_learner("reinforce" if name != "reinforce" else "grpo", new_policy(6), cfg)
+        other = make("reinforce" if name != "reinforce" else "grpo", new_policy(6), cfg)
         other.load_state_dict(saved["learner"])
 
 
 def test_checkpoints_written_before_the_learner_parts_split_still_load(env_id):
     # REINFORCE's moving-average baseline used to be saved under "baseline"; it now lives in the
     # advantage estimator's state ("advantage")
-    cfg = LearnerConfig(lr=1e-2, temperature=TEMPERATURE, baseline="ema")
+    cfg = dict(lr=1e-2, temperature=TEMPERATURE, baseline="ema")
     policy = new_policy(16)
-    learner = make_learner("reinforce", policy, cfg)
+    learner = make("reinforce", policy, cfg)
     learner.update(small_batch(env_id, policy))
     state = copy.deepcopy(learner.state_dict())
     state["baseline"] = state.pop("advantage")
-    resumed = make_learner("reinforce", new_policy(16), cfg)
+    resumed = make("reinforce", new_policy(16), cfg)
     resumed.load_state_dict(state)
     assert resumed.baseline.value == pytest.approx(learner.baseline.value) and resumed.baseline.value is not None
 
@@ -293,7 +293,7 @@ def test_gradient_accumulation_matches_one_big_batch(env_id, loss_agg):
     results = []
     for micro in (1, 2, 6):
         p = new_policy(8)
-        learner = make_learner("grpo", p, LearnerConfig(lr=1e-3, temperature=TEMPERATURE, micro_batch_size=micro,
+        learner = make("grpo", p, dict(lr=1e-3, temperature=TEMPERATURE, micro_batch_size=micro,
                                                          loss_agg=loss_agg, kl_coef=0.05, entropy_coef=0.01,
                                                          max_grad_norm=None))
         results.append(learner.update(copy.deepcopy(trajs)))
@@ -311,7 +311,7 @@ def test_gradient_checkpointing_gives_the_same_update(env_id, lora):
     results = []
     for checkpointing in (False, True):
         policy = new_policy(15)
-        learner = make_learner("grpo", policy, LearnerConfig(lr=1e-3, temperature=TEMPERATURE, lora=lora, kl_coef=0.05,
+        learner = make("grpo", policy, dict(lr=1e-3, temperature=TEMPERATURE, lora=lora, kl_coef=0.05,
                                                              gradient_checkpointing=checkpointing))
         metrics = learner.update(copy.deepcopy(trajs))
         results.append((metrics, [p.detach().clone() for p in learner.policy_parameters()]))
@@ -327,7 +327,7 @@ def test_non_finite_update_is_skipped_then_training_resumes(env_id):
     good = small_batch(env_id, policy)
     bad = copy.deepcopy(good)
     bad[2].step_rewards[0] = float("inf")
-    learner = make_learner("ppo", policy, LearnerConfig(lr=1e-2, temperature=TEMPERATURE, epochs=2, minibatch_size=3))
+    learner = make("ppo", policy, dict(lr=1e-2, temperature=TEMPERATURE, epochs=2, minibatch_size=3))
     weights = {k: v.clone() for k, v in policy.model.state_dict().items()}
     m = learner.update(bad)
     # whitening spreads the inf/nan over every advantage: all 2 epochs x 2 minibatches are skipped
@@ -346,15 +346,15 @@ def test_skip_no_signal_leaves_weights_and_optimizer_untouched(env_id):
     flat = copy.deepcopy(trajs)
     for t in flat:
         t.step_rewards = [0.5, 0.5]
-    cfg = LearnerConfig(lr=1e-3, temperature=TEMPERATURE, entropy_coef=0.01)
+    cfg = dict(lr=1e-3, temperature=TEMPERATURE, entropy_coef=0.01)
     policy = new_policy(5)
     weights = {k: v.clone() for k, v in policy.model.state_dict().items()}
-    m = make_learner("grpo", policy, cfg).update(copy.deepcopy(flat))
+    m = make("grpo", policy, cfg).update(copy.deepcopy(flat))
     assert m["advantage_std"] == 0.0 and m["optimizer_steps"] == 1 and m["no_signal_skip"] == 0.0
     assert not all(torch.equal(weights[k], v) for k, v in policy.model.state_dict().items())   # drift
 
     policy = new_policy(5)
-    learner = make_learner("grpo", policy, LearnerConfig(lr=1e-3, temperature=TEMPERATURE, entropy_coef=0.01,
+    learner = make("grpo", policy, dict(lr=1e-3, temperature=TEMPERATURE, entropy_coef=0.01,
                                                          skip_no_signal=True))
     m = learner.update(copy.deepcopy(flat))
     assert m["no_signal_skip"] == 1.0 and m["optimizer_steps"] == 0 and learner.step == 0
@@ -411,7 +411,7 @@ def test_learner_follows_warmup_ratio(env_id):
     # over the remaining 5: lr at update 2 (progress 0), at update 3 (progress 1/5) 0.5·(1 + cos(π/5))
     policy = new_policy(10)
     trajs = small_batch(env_id, policy)
-    learner = make_learner("reinforce", policy, LearnerConfig(lr=1e-3, warmup_ratio=0.285, total_steps=7,
+    learner = make("reinforce", policy, dict(lr=1e-3, warmup_ratio=0.285, total_steps=7,
                                                               schedule="cosine", temperature=TEMPERATURE))
     assert learner.warmup_steps == 2
     lrs = [learner.update(copy.deepcopy(trajs))["lr"] for _ in range(4)]
@@ -419,27 +419,31 @@ def test_learner_follows_warmup_ratio(env_id):
 
 
 def test_config_from_yaml_like_mapping_and_validation():
-    cfg = LearnerConfig.from_dict({"lr": 1e-5, "betas": [0.9, 0.95], "lora": {"r": 16, "target_modules": ["q_proj"]},
-                                   "loss_agg": "seq-mean-token-sum", "kl_in": "reward"})
-    assert cfg.betas == (0.9, 0.95) and cfg.lora == LoraSettings(r=16, target_modules=("q_proj",))
-    assert LearnerConfig.from_dict(cfg.to_dict()) == cfg
-    with pytest.raises(ValueError, match="unknown learner settings"):
-        LearnerConfig.from_dict({"learning_rate": 1e-5})
+    from agentgym.algorithms import GRPOConfig, OptimConfig
+    from agentgym.config import ConfigError, from_dict, to_dict
+    cfg = from_dict(GRPOConfig, {"loss_agg": "seq-mean-token-sum", "kl_in": "reward", "loss_token_kinds": ["policy"]})
+    assert cfg.loss_agg == "seq-mean-token-sum" and cfg.loss_token_kinds == ("policy",)
+    assert from_dict(GRPOConfig, to_dict(cfg)) == cfg
+    optim = from_dict(OptimConfig, {"lr": 1e-5, "betas": [0.9, 0.95]})
+    assert optim.betas == (0.9, 0.95)
+    assert from_dict(LoraSettings, {"r": 16, "target_modules": ["q_proj"]}) == LoraSettings(r=16, target_modules=("q_proj",))
+    with pytest.raises(ConfigError, match="learning_rate"):
+        from_dict(GRPOConfig, {"learning_rate": 1e-5})
     with pytest.raises(ValueError, match="kl_estimator"):
-        LearnerConfig(kl_estimator="k5")
+        GRPOConfig(kl_estimator="k5")
     with pytest.raises(ValueError, match="needs total_steps"):
-        make_learner("grpo", new_policy(0), LearnerConfig(schedule="linear"))
+        make("grpo", new_policy(0), {"schedule": "linear"})
 
 
 def test_factory_and_grpo_needs_groups(env_id):
     policy = new_policy(11)
-    assert isinstance(make_learner("reinforce", policy), ReinforceLearner)
-    ppo = make_learner("PPO", policy)
+    assert isinstance(make("reinforce", policy), ReinforceLearner)
+    ppo = make("PPO", policy)
     assert isinstance(ppo, PPOLearner) and ppo.value_head is not None and not hasattr(policy, "value_head")
-    learner = make_learner("grpo", policy)
+    learner = make("grpo", policy)
     assert isinstance(learner, GRPOLearner)
     with pytest.raises(ValueError, match="unknown learner"):
-        make_learner("dqn", policy)
+        make("dqn", policy)
     trajs = small_batch(env_id, policy)
     for t in trajs:
         t.group_id = None
@@ -450,7 +454,7 @@ def test_factory_and_grpo_needs_groups(env_id):
 def test_kl_in_reward_penalises_with_the_sampling_logprobs(env_id):
     policy = new_policy(12)
     trajs = small_batch(env_id, policy)
-    learner = make_learner("reinforce", policy, LearnerConfig(lr=1e-2, temperature=TEMPERATURE, kl_coef=1.0,
+    learner = make("reinforce", policy, dict(lr=1e-2, temperature=TEMPERATURE, kl_coef=1.0,
                                                               kl_in="reward", kl_estimator="k3"))
     m = learner.update(copy.deepcopy(trajs))
     # sampled by the reference itself: KL(old ‖ ref) = 0, nothing subtracted
@@ -469,7 +473,7 @@ def test_update_on_cuda_with_bf16_autocast(env_id, name):
     policy = new_policy(13)
     policy.model.to("cuda")
     trajs = small_batch(env_id, policy)
-    learner = make_learner(name, policy, LearnerConfig(lr=1e-2, temperature=TEMPERATURE, kl_coef=0.05,
+    learner = make(name, policy, dict(lr=1e-2, temperature=TEMPERATURE, kl_coef=0.05,
                                                        gradient_checkpointing=True))
     before = [p.detach().clone() for p in learner.policy_parameters()]
     m = learner.update(trajs)

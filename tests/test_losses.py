@@ -12,7 +12,7 @@ import torch
 
 from agentgym.algorithms import losses
 from agentgym.algorithms.batch import Batch, collate
-from agentgym.algorithms import LearnerConfig, make_learner
+from agentgym.algorithms import OptimConfig, make_learner
 from agentgym.algorithms.losses import (LossSettings, aggregate, cispo_surrogate, clipped_surrogate,
                                         clipped_value_loss, dual_clip_surrogate, entropy_from_logits, gspo_surrogate,
                                         kl_penalty, ppo_objective, reinforce_surrogate, token_logprobs)
@@ -23,6 +23,7 @@ from agentgym.rollout_config import RolloutConfig
 from agentgym.rollout import RolloutEngine
 
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse fixture)
+from helpers_learners import algo_config
 
 LN2 = math.log(2.0)
 
@@ -410,9 +411,9 @@ def episodes():
 def _captured_logit_grads(name: str, mask_env_tokens: bool, trajs):
     """Run one real ``Learner.update`` and return the gradient that reached the model's logits, with the batch."""
     policy = new_policy()
-    cfg = LearnerConfig(lr=1e-3, micro_batch_size=8, kl_coef=0.05, entropy_coef=0.01, mask_env_tokens=mask_env_tokens,
-                        baseline="none", whiten_advantages=False)
-    learner = make_learner(name, policy, cfg)
+    cfg = algo_config(name, micro_batch_size=8, kl_coef=0.05, entropy_coef=0.01, mask_env_tokens=mask_env_tokens,
+                      baseline="none", whiten_advantages=False)
+    learner = make_learner(name, policy, cfg, optim=OptimConfig(lr=1e-3))
     captured = []
 
     def keep(module, args, output):
@@ -459,7 +460,8 @@ def test_a_micro_batch_finds_its_logit_positions_once(episodes, monkeypatch):
         asked.append(self)      # the objects kept alive, so that ids are not reused
         return real(self, needed)
     monkeypatch.setattr(Batch, "logit_positions", counting)
-    learner = make_learner("grpo", new_policy(), LearnerConfig(lr=1e-3, kl_coef=0.1, micro_batch_size=2))
+    learner = make_learner("grpo", new_policy(), GRPOConfig(kl_coef=0.1, micro_batch_size=2),
+                           optim=OptimConfig(lr=1e-3))
     learner.update(copy.deepcopy(episodes))
     assert len(asked) >= 2 and len({id(b) for b in asked}) == len(asked)
 
@@ -472,7 +474,7 @@ def test_non_finite_loss_skips_the_update_and_keeps_the_weights(name, baseline, 
     policy = new_policy()
     trajs = copy.deepcopy(episodes)
     trajs[0].step_rewards[-1] = float("nan")
-    learner = make_learner(name, policy, LearnerConfig(lr=1e-2, baseline=baseline))
+    learner = make_learner(name, policy, algo_config(name, baseline=baseline), optim=OptimConfig(lr=1e-2))
     before = {k: v.clone() for k, v in policy.model.state_dict().items()}
     head_before = [p.clone() for p in learner.critic_parameters()]
     metrics = learner.update(trajs)
@@ -490,7 +492,7 @@ def test_infinite_old_logprob_is_caught_too(episodes):
     trajs = copy.deepcopy(episodes)
     s, _ = trajs[0].turn_spans[0]
     trajs[0].logprobs[s] = float("-inf")          # ratio exp(logp + inf) = inf
-    learner = make_learner("grpo", policy, LearnerConfig(lr=1e-2))
+    learner = make_learner("grpo", policy, optim=OptimConfig(lr=1e-2))
     before = [p.clone() for p in learner.policy_parameters()]
     assert learner.update(trajs)["skipped"] == 1.0
     assert all(torch.equal(a, b) for a, b in zip(before, learner.policy_parameters()))

@@ -15,7 +15,7 @@ from agentgym.app.checking import check_invalid_step, run_check_env
 from agentgym.envs.mathrl import MathEnv, answers_equal, extract_answer, make_problem, parse_number
 from agentgym.envs.mathrl.env import count_reasoning_steps, repetition_score, think_format_ok
 from agentgym.envs.mathrl.problems import KINDS, split_of
-from agentgym.envs.sandbox import SandboxRefusedError, best_sandbox
+from agentgym.envs.services.sandbox import SandboxRefusedError, best_sandbox
 
 ENV_ID = "agentgym/Math-v0"
 if ENV_ID not in gym.registry:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse: one torch thread)
+from helpers_learners import make
 
 from agentgym.algorithms.batch import collate
-from agentgym.algorithms import LearnerConfig, make_learner
+
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.trajectory import Trajectory
 
@@ -46,7 +47,7 @@ def test_a_token_budget_gives_the_update_of_consecutive_micro_batches_with_less_
     out = {}
     for budget in (None, 120):
         policy = TransformersPolicy.tiny_random(cached_tokenizer(), seed=0)
-        learner = make_learner("grpo", policy, LearnerConfig(lr=1e-3, micro_batch_size=4, micro_batch_tokens=budget,
+        learner = make("grpo", policy, dict(lr=1e-3, micro_batch_size=4, micro_batch_tokens=budget,
                                                              kl_coef=0.05, seed=0))
         m = learner.update(trajs)
         out[budget] = (m, {k: v.detach().clone() for k, v in policy.model.state_dict().items()})

@@ -16,7 +16,7 @@ from agentgym.algorithms.trainer import Trainer
 from agentgym.config import ConfigError, load_config
 
 TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4",
-        "eval.episodes=2", "learner.total_steps=4", "learner.lr=1e-3", "learner.micro_batch_size=4",
+        "eval.episodes=2", "learner.total_steps=4", "optim.lr=1e-3", "learner.micro_batch_size=4",
         "tensorboard=false", "env=Arithmetic-v0", "env_kwargs={hard_fraction: 0.0, max_turns: 2}"]
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from agentgym.policies.loading import load_trained_policy, trainer_checkpoint
 from agentgym.app.cli import main
-from agentgym.app.evaluation import env_takes_split
+from agentgym.app.eval_run import env_takes_split
 
 from fixtures_llm import one_torch_thread  # noqa: F401  (autouse fixture)
 
@@ -40,7 +40,7 @@ def pipeline(tmp_path_factory) -> Path:
                  "optim.lr=1e-3", f"output_dir={root / 'sft'}"]) == 0
     # GRPO from the SFT output directory (a tiny lr: the test is about the hand-over, not learning)
     assert main(["train", f"model={root / 'sft'}", *ENV, "algo=grpo", "steps=1", "groups_per_step=2", "group_size=2",
-                 "sampling.max_new_tokens=4", "eval.episodes=2", "learner.lr=1e-6", "learner.micro_batch_size=4",
+                 "sampling.max_new_tokens=4", "eval.episodes=2", "optim.lr=1e-6", "learner.micro_batch_size=4",
                  "tensorboard=false", f"output_dir={root / 'grpo'}"]) == 0
     # DPO from the GRPO run directory; the oracle joins each group so the tiny model's equal returns
     # still yield pairs

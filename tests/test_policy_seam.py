@@ -8,13 +8,14 @@ import copy
 import pytest
 import torch
 
-from agentgym.algorithms import LearnerConfig, LoraSettings, make_learner
+from agentgym.algorithms import LoraSettings
 from agentgym.policies.registry import POLICY_BACKENDS, BackendUnavailable, resolve_backend
 from agentgym.policies.loading import load_policy
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
 from agentgym.rollout_config import RolloutConfig
 from agentgym.rollout import RolloutEngine
+from helpers_learners import make
 
 ENV = "Math-v0"
 ENV_KWARGS = {"kinds": ["arithmetic"], "difficulty": 0, "max_turns": 1}
@@ -47,9 +48,9 @@ def test_learner_refuses_mixed_or_contradicting_temperatures():
     policy = TransformersPolicy.tiny_random(seed=0)
     a, b = _batch(policy, 0.6), _batch(policy, 1.0)
     with pytest.raises(ValueError, match="temperatures"):
-        make_learner("grpo", policy, LearnerConfig(lr=0.0)).update(a + b)
+        make("grpo", policy, dict(lr=0.0)).update(a + b)
     with pytest.raises(ValueError, match="sampled at temperature 0.6"):
-        make_learner("grpo", policy, LearnerConfig(lr=0.0, temperature=1.0)).update(a)
+        make("grpo", policy, dict(lr=0.0, temperature=1.0)).update(a)
 
 
 def test_separate_sampler_old_logprobs_are_recomputed_and_divergence_logged():
@@ -57,17 +58,17 @@ def test_separate_sampler_old_logprobs_are_recomputed_and_divergence_logged():
     sampler = _perturbed(learner_policy)               # another engine: different numbers
     trajs = _batch(sampler)
     # using the sampler's log-probs as "old": the first ratio is off 1 even at lr=0
-    naive = make_learner("grpo", TransformersPolicy(copy.deepcopy(learner_policy.model), learner_policy.tokenizer),
-                         LearnerConfig(lr=0.0, old_logprobs="sampler")).update(trajs)
+    naive = make("grpo", TransformersPolicy(copy.deepcopy(learner_policy.model), learner_policy.tokenizer),
+                         dict(lr=0.0, old_logprobs="sampler")).update(trajs)
     assert abs(naive["ratio_mean"] - 1) > 1e-3
-    m = make_learner("grpo", learner_policy, LearnerConfig(lr=0.0, tis_cap=2.0), separate_sampler=True).update(trajs)
+    m = make("grpo", learner_policy, dict(lr=0.0, tis_cap=2.0), separate_sampler=True).update(trajs)
     assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and abs(m["approx_kl"]) < 1e-6
     assert m["sampler_logp_diff_mean"] > 0 and m["sampler_logp_diff_max"] >= m["sampler_logp_diff_mean"]
     assert 0 <= m["sampler_logp_diff_frac"] <= 1
     assert 0 < m["tis_weight_mean"] <= 2.0
     # the same sampler and learner: no divergence
     same = TransformersPolicy.tiny_random(seed=0)
-    m = make_learner("grpo", same, LearnerConfig(lr=0.0, old_logprobs="recompute")).update(_batch(same))
+    m = make("grpo", same, dict(lr=0.0, old_logprobs="recompute")).update(_batch(same))
     assert m["sampler_logp_diff_mean"] < 1e-4
 
 
@@ -77,7 +78,7 @@ def test_tis_changes_the_gradient_only_through_the_weights():
     grads = {}
     for cap in (None, 1.0):
         p = TransformersPolicy(copy.deepcopy(base.model), base.tokenizer)
-        learner = make_learner("reinforce", p, LearnerConfig(lr=1e-2, tis_cap=cap, baseline="none"),
+        learner = make("reinforce", p, dict(lr=1e-2, tis_cap=cap, baseline="none"),
                                separate_sampler=True)
         learner.update(trajs)
         grads[cap] = torch.cat([x.detach().flatten() for x in p.model.parameters()])
@@ -86,7 +87,7 @@ def test_tis_changes_the_gradient_only_through_the_weights():
 
 def test_learner_owns_peft_and_merged_weights_sync_into_a_separate_engine():
     policy = TransformersPolicy.tiny_random(seed=0)
-    learner = make_learner("grpo", policy, LearnerConfig(lr=5e-2, lora=LoraSettings(r=4, alpha=8)))
+    learner = make("grpo", policy, dict(lr=5e-2, lora=LoraSettings(r=4, alpha=8)))
     assert not hasattr(policy, "value_head") and type(policy.model).__name__ == "LlamaForCausalLM"
     learner.update(_batch(policy))
     merged = dict(learner.policy_weights())

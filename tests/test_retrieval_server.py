@@ -18,19 +18,17 @@ import numpy as np
 import pytest
 from fixtures_llm import single_threaded_math  # noqa: F401  (autouse: one torch/faiss thread)
 
-from agentgym.envs.retrieval import (
-    BackgroundServer,
+from agentgym.envs.services.retrieval import (
     BM25Retriever,
     DenseRetriever,
     Hit,
     RemoteRetriever,
     Retriever,
-    ServerBindError,
-    bind_socket,
     build_index,
     create_app,
     synthetic_corpus,
 )
+from agentgym.http_server import BackgroundServer, ServerBindError, bind_socket
 
 N_DOCS = 100
 MAX_TOPK, MAX_QUERIES = 20, 32

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fixtures_llm import single_threaded_math  # noqa: F401  (autouse: one torch/faiss thread)
 
-from agentgym.envs.retrieval import (
+from agentgym.envs.services.retrieval import (
     BM25Retriever,
     Corpus,
     DenseRetriever,
@@ -25,7 +25,7 @@ from agentgym.envs.retrieval import (
     load_retriever,
     synthetic_corpus,
 )
-from agentgym.envs.retrieval.dense import default_prefixes, resolve_model, shared_encoder
+from agentgym.envs.services.retrieval.dense import default_prefixes, resolve_model, shared_encoder
 
 N_DOCS = 200
 

@@ -20,9 +20,9 @@ import pytest
 
 from agentgym.algorithms.health import Alarm, HealthConfig, HealthMonitor
 from agentgym.algorithms.overlap import Prefetcher
-from agentgym.envs.retrieval.remote import RemoteRetriever
-from agentgym.envs.sandbox.base import SandboxError
-from agentgym.envs.sandbox.warm import Channel, Runner, WarmSandbox
+from agentgym.envs.services.retrieval.remote import RemoteRetriever
+from agentgym.envs.services.sandbox.base import SandboxError
+from agentgym.envs.services.sandbox.warm import Channel, Runner, WarmSandbox
 from agentgym.errors import InfraError
 from agentgym.threads import ThreadGovernor
 
@@ -268,7 +268,7 @@ def test_remote_retriever_options_are_checked_when_it_is_made(bad, what):
                                        ({"max_length": True}, "max_length")])
 def test_prebuilt_index_options_are_checked_before_anything_loads(bad, what, tmp_path):
     """query_prefix=None used to pass construction and fail inside every search (None + str)."""
-    from agentgym.envs.retrieval.prebuilt import from_spec
+    from agentgym.envs.services.retrieval.prebuilt import from_spec
     with pytest.raises(ValueError, match=what):
         from_spec({"index": str(tmp_path / "e5_Flat.index"), "corpus": str(tmp_path / "c.jsonl"), **bad})
 
@@ -277,7 +277,7 @@ def test_prebuilt_index_options_are_checked_before_anything_loads(bad, what, tmp
 def test_a_warm_pool_whose_runners_were_all_killed_still_runs_the_next_job(backend):
     """Real runners: both warm runners killed from outside (as a daemon restart or the host's OOM
     killer would) -- the next job runs on a fresh one instead of failing twice."""
-    from agentgym.envs.sandbox import available_backends, make_sandbox
+    from agentgym.envs.services.sandbox import available_backends, make_sandbox
     status = available_backends()[backend]
     if status != "ok":
         pytest.skip(f"{backend} sandbox unavailable here: {status}")
@@ -309,7 +309,7 @@ def test_one_gold_answer_given_as_a_string_is_one_answer_not_its_letters(scorer)
 def test_a_caller_waiting_for_a_runner_is_told_at_once_when_the_sandbox_closes():
     """close() from another thread (the env pool shutting down) left a caller waiting for a runner
     until acquire_timeout_s (120 s by default) for one that would never come."""
-    from agentgym.envs.sandbox.warm import RunnerPool
+    from agentgym.envs.services.sandbox.warm import RunnerPool
     starting, finish = threading.Event(), threading.Event()
     closed: list[object] = []
 

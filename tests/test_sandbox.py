@@ -1,4 +1,4 @@
-"""Code-execution sandboxes (envs/sandbox/): the shared contract on every backend, an
+"""Code-execution sandboxes (envs/services/sandbox/): the shared contract on every backend, an
 evil-program suite run against every backend, and fail-closed backend selection.
 
 Real components only: a real Docker daemon and image (CI runs ``scripts/setup_docker.sh``
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.envs.sandbox import (ALLOW_UNSAFE_ENV_VAR, ExecResult, Sandbox, SandboxError,
+from agentgym.envs.services.sandbox import (ALLOW_UNSAFE_ENV_VAR, ExecResult, Sandbox, SandboxError,
                                    SandboxRefusedError, available_backends, best_sandbox,
                                    make_sandbox, resolve_sandbox, select_backend)
 
@@ -422,7 +422,7 @@ def host(tmp_path):
 
 HARNESS = r"""
 import json, sys
-from agentgym.envs.sandbox import make_sandbox
+from agentgym.envs.services.sandbox import make_sandbox
 backend, code, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 with make_sandbox(backend, allow_unsafe=True) as sb:  # opted in: for "subprocess" the test asks for it
     r = sb.run(code, argv=args, time_limit_s=10)
@@ -560,7 +560,7 @@ except OSError as e:
     uid, caps, mem, nets, erofs = r.stdout.splitlines()
     assert uid == "65534 65534"
     assert caps == "['0000000000000000', '1']"
-    from agentgym.envs.sandbox.docker_warm import RUNNER_MB  # the runner's own share of the cgroup
+    from agentgym.envs.services.sandbox.docker_warm import RUNNER_MB  # the runner's own share of the cgroup
     assert mem in (str((200 + RUNNER_MB) * 1024 * 1024), "v2")
     assert nets == "['lo']"
     assert erofs == "30"  # EROFS: read-only root
@@ -612,7 +612,7 @@ def test_docker_close_removes_containers():
 @docker
 def test_docker_infrastructure_errors_are_clear(monkeypatch):
     import docker as docker_sdk
-    from agentgym.envs.sandbox import DockerSandbox
+    from agentgym.envs.services.sandbox import DockerSandbox
     with pytest.raises(SandboxError, match="not found.*build-image"):
         DockerSandbox("agentgym-no-such-image:latest")
     dead = docker_sdk.DockerClient(base_url="unix:///nonexistent/docker.sock", version="1.41")
@@ -807,7 +807,7 @@ def test_a_probe_writing_outside_the_sandbox_does_not_happen_by_default(escape_p
 
 def _status(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in ("AGENTGYM_SANDBOX", ALLOW_UNSAFE_ENV_VAR)}
-    return subprocess.run([sys.executable, "-m", "agentgym.envs.sandbox", "status", *args],
+    return subprocess.run([sys.executable, "-m", "agentgym.envs.services.sandbox", "status", *args],
                           env={**clean, **(env or {})}, capture_output=True, text=True, timeout=120)
 
 

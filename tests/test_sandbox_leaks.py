@@ -18,7 +18,7 @@ import json
 
 import pytest
 
-from agentgym.envs.sandbox import SandboxError, available_backends, make_sandbox
+from agentgym.envs.services.sandbox import SandboxError, available_backends, make_sandbox
 
 BACKENDS = ["docker", "bwrap"]
 

@@ -41,7 +41,7 @@ def test_env_actors_share_the_nodes_one_sandbox_service():
 
 
 def test_node_sandbox_runs_and_batches_like_a_sandbox():
-    from agentgym.envs.sandbox.ray_service import NodeSandbox, close_node_sandboxes
+    from agentgym.envs.services.sandbox.ray_service import NodeSandbox, close_node_sandboxes
     sb = NodeSandbox("bwrap")
     try:
         assert sb.run("print(input())", stdin="hi").stdout == "hi\n"

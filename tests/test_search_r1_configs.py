@@ -15,14 +15,15 @@ import pytest
 import torch
 
 import agentgym
-from agentgym.algorithms import LearnerConfig, make_learner
+from agentgym.algorithms import OptimConfig, PPOConfig, make_learner
 from agentgym.algorithms.config import TrainConfig
 from agentgym.algorithms.trainer import Trainer
 from agentgym.config import ConfigError, load_config
-from agentgym.envs.retrieval import BackgroundServer, create_app
+from agentgym.envs.services.retrieval import create_app
 from agentgym.envs.searchqa.data import bundled_dataset, save_search_r1_parquet, to_search_r1_rows
-from agentgym.envs.retrieval.shared import get_retriever
+from agentgym.envs.services.retrieval.shared import get_retriever
 from agentgym.envs.searchqa.env import make_search_r1_prompt
+from agentgym.http_server import BackgroundServer
 from agentgym.policies.transformers_policy import TransformersPolicy
 
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse fixture)
@@ -51,11 +52,11 @@ def test_shared_search_r1_values(name):
     assert (cfg.sampling.max_new_tokens, cfg.sampling.temperature, cfg.sampling.top_p) == (500, 1.0, 0.95)
     assert (cfg.max_obs_tokens, cfg.max_context_tokens) == (500, 4096 + 500)
     assert cfg.steps == 1005 and cfg.groups_per_step == 512 and cfg.dtype == "float32"
-    lc = cfg.learner
-    assert lc.lr == 1e-6 and lc.warmup_ratio == 0.285 and lc.schedule == "constant"
+    lc, opt = cfg.learner, cfg.optim
+    assert opt.lr == 1e-6 and opt.warmup_ratio == 0.285 and opt.schedule == "constant"
     assert lc.clip_eps == 0.2 and lc.clip_eps_high is None and lc.entropy_coef == 0.001 and lc.epochs == 1
     assert lc.kl_coef == 0.001 and lc.temperature is None  # the learner follows sampling.temperature
-    assert lc.mask_env_tokens is True and lc.minibatch_size == 256 and lc.max_grad_norm == 1.0
+    assert lc.mask_env_tokens is True and lc.minibatch_size == 256 and opt.max_grad_norm == 1.0
 
 
 @pytest.mark.parametrize("name", ["ppo_qwen2.5-3b-instruct.yaml", "ppo_qwen2.5-7b-base.yaml"])
@@ -96,7 +97,7 @@ def test_the_v2_study_config_has_search_r1s_optimizer_and_group_size():
     """Search-R1 in a box v2 (issue 23): lr 1e-6 with warmup ratio 0.285, n = 5, >= 30 steps of >= 16 episodes,
     and a mostly single-search SFT oracle (a quarter of the multi-hop traces search hop by hop)."""
     cfg = load("smollm2_v2.yaml")
-    assert cfg.learner.lr == 1e-6 and cfg.learner.warmup_ratio == 0.285
+    assert cfg.optim.lr == 1e-6 and cfg.optim.warmup_ratio == 0.285
     assert cfg.group_size == 5 and cfg.steps >= 30 and cfg.groups_per_step * cfg.group_size >= 16
     assert cfg.env_kwargs["oracle_two_hop"] == 0.25 and cfg.env_kwargs["topk"] == 3
     assert cfg.eval.env_kwargs == {"split": "test"} and cfg.learner.mask_env_tokens is True
@@ -149,8 +150,8 @@ def test_env_kwargs_defaults_belong_to_the_default_env(tmp_path):
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # stepped by hand, no update
 def test_critic_has_its_own_warmup():
     policy = TransformersPolicy.tiny_random(cached_tokenizer(), seed=3)
-    cfg = LearnerConfig(lr=1e-3, critic_lr=1e-2, warmup_ratio=0.5, critic_warmup_ratio=0.0, total_steps=8)
-    learner = make_learner("ppo", policy, cfg)
+    optim = OptimConfig(lr=1e-3, warmup_ratio=0.5)
+    learner = make_learner("ppo", policy, PPOConfig(critic_lr=1e-2, critic_warmup_ratio=0.0, total_steps=8), optim=optim)
     assert (learner.warmup_steps, learner.critic_warmup_steps) == (4, 0)
     lrs = {(g["role"], g["lr"]) for g in learner.optimizer.param_groups}
     assert lrs == {("policy", 1e-3 / 4), ("critic", 1e-2)}                   # first update: warmup 1/4 vs none
@@ -158,10 +159,10 @@ def test_critic_has_its_own_warmup():
         learner.scheduler.step()
     assert {(g["role"], g["lr"]) for g in learner.optimizer.param_groups} == {("policy", 1e-3), ("critic", 1e-2)}
     same = make_learner("ppo", TransformersPolicy.tiny_random(cached_tokenizer(), seed=3),
-                        LearnerConfig(lr=1e-3, warmup_ratio=0.5, total_steps=8))
+                        PPOConfig(total_steps=8), optim=optim)
     assert same.critic_warmup_steps == same.warmup_steps == 4                # None: the actor's warmup
     with pytest.raises(ValueError, match="critic_warmup_ratio"):
-        LearnerConfig(critic_warmup_ratio=1.5)
+        PPOConfig(critic_warmup_ratio=1.5)
 
 
 def test_train_config_dtype(tmp_path):

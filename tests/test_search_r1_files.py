@@ -24,13 +24,14 @@ import numpy as np
 import pytest
 from helpers_scripts import load_script
 
-from agentgym.envs.retrieval import BackgroundServer, create_app, get_retriever
-from agentgym.envs.retrieval.dense import default_model_path
-from agentgym.envs.retrieval.prebuilt import SearchR1IndexRetriever
+from agentgym.envs.services.retrieval import create_app, get_retriever
+from agentgym.envs.services.retrieval.dense import default_model_path
+from agentgym.envs.services.retrieval.prebuilt import SearchR1IndexRetriever
 from agentgym.envs.searchqa.data import load_search_r1_parquet, save_search_r1_parquet, to_search_r1_rows
 from agentgym.envs.searchqa.env import RAG_PROMPT, SEARCH_R1_PROMPT, SearchQAEnv, make_search_r1_prompt
-from agentgym.envs.retrieval.base import format_passages
+from agentgym.envs.services.retrieval.base import format_passages
 from agentgym.envs.searchqa.scoring import score_search_r1, search_r1_cut
+from agentgym.http_server import BackgroundServer
 from agentgym.policies.models import load_tokenizer
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.rewards import normalize_answer

@@ -107,7 +107,7 @@ def test_small_scale_rl_beats_no_search(tmp_path):
     threads = str(min(2, os.cpu_count() or 1))
     rc = mod.main(["--threads", threads, "--eval-per-type", "10", "--sft-episodes", "64", "--seeds", "1",
                    "--arms", "grpo_masked", "--steps", "2", "--groups", "2", "--group-size", "4",
-                   "--override", "learner.lr=1e-6", "--n-boot", "2000",
+                   "--override", "optim.lr=1e-6", "--n-boot", "2000",
                    "--out", str(out), "--runs-dir", str(tmp_path / "runs")])
     assert rc == 0
     result = _check_outputs(out, ["none_base", "rag_base", "sft", "grpo_masked"], questions=30)
@@ -292,7 +292,7 @@ def test_a_study_resumes_with_other_micro_batches():
     budget = json.loads(json.dumps(cfg))
     budget["learner"].update(micro_batch_tokens=2048, micro_batch_size=2)
     assert mod._same_fingerprint(recorded, {"config": budget, "args": {"steps": 30}})
-    budget["learner"]["lr"] = 5e-6
+    budget["optim"]["lr"] = 5e-6
     assert not mod._same_fingerprint(recorded, {"config": budget, "args": {"steps": 30}})
 
 

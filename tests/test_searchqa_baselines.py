@@ -14,12 +14,13 @@ import re
 import pytest
 
 from agentgym.app.checking import run_check_env
-from agentgym.envs.retrieval import BackgroundServer, create_app
+from agentgym.envs.services.retrieval import create_app
 from agentgym.envs.searchqa.data import bundled_dataset
 from agentgym.envs.searchqa.env import (ANSWER_ONLY_INVALID, NO_SEARCH_PROMPT, RAG_PROMPT, SEARCH_R1_INVALID,
                                         SearchQAEnv, make_search_r1_prompt)
-from agentgym.envs.retrieval.base import format_passages
-from agentgym.envs.retrieval.shared import get_retriever
+from agentgym.envs.services.retrieval.base import format_passages
+from agentgym.envs.services.retrieval.shared import get_retriever
+from agentgym.http_server import BackgroundServer
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.rollout_config import RolloutConfig
 from agentgym.rollout import RolloutEngine

@@ -22,12 +22,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentgym.app.checking import check_invalid_step, run_check_env
-from agentgym.envs.retrieval import BackgroundServer, Hit, create_app, get_retriever
+from agentgym.envs.services.retrieval import Hit, create_app, get_retriever
 from agentgym.envs.searchqa.data import bundled_dataset
 from agentgym.envs.searchqa.env import (SEARCH_R1_INVALID, SEARCH_R1_PROMPT, MaskRetrievedTokens, SearchQAEnv,
                                         make_search_r1_prompt)
 from agentgym.envs.searchqa.rewards import DEFAULT_WEIGHTS, SearchR1FormatReward, search_r1_format_valid
-from agentgym.envs.retrieval.base import format_passages
+from agentgym.envs.services.retrieval.base import format_passages
+from agentgym.http_server import BackgroundServer
 from agentgym.policies.models import load_tokenizer
 from agentgym.policies.scripted import ScriptedPolicy
 from agentgym.rewards import Reward, exact_match, normalize_answer, token_f1

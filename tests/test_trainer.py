@@ -15,7 +15,7 @@ from agentgym.algorithms.config import TrainConfig
 from agentgym.config import ConfigError, load_config
 
 TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4",
-        "eval.episodes=2", "learner.total_steps=4", "learner.lr=1e-3", "learner.micro_batch_size=4",
+        "eval.episodes=2", "learner.total_steps=4", "optim.lr=1e-3", "learner.micro_batch_size=4",
         "tensorboard=false", "env=Arithmetic-v0", "env_kwargs={hard_fraction: 0.0, max_turns: 2}"]
 
 
@@ -40,17 +40,17 @@ def test_config_defaults_yaml_and_overrides(tmp_path):
     cfg = load_config(TrainConfig)
     assert cfg.env == "Math-v0" and cfg.env_kwargs["difficulty"] == 0 and cfg.model == "smollm2" and cfg.algo == "grpo"
     y = tmp_path / "run.yaml"
-    y.write_text("algo: ppo\nsteps: 3\nlearner:\n  lr: 2.0e-5\n  kl_coef: 0.001\n")
-    cfg = load_config(TrainConfig, y, ["learner.lr=3e-5", "sampling.temperature=0.7"])
-    assert (cfg.algo, cfg.steps, cfg.learner.lr, cfg.learner.kl_coef, cfg.sampling.temperature) == ("ppo", 3, 3e-5, 0.001, 0.7)
-    with pytest.raises(ConfigError, match="learner.lrr"):
-        load_config(TrainConfig, overrides=["learner.lrr=1"])
+    y.write_text("algo: ppo\nsteps: 3\noptim:\n  lr: 2.0e-5\nlearner:\n  kl_coef: 0.001\n")
+    cfg = load_config(TrainConfig, y, ["optim.lr=3e-5", "sampling.temperature=0.7"])
+    assert (cfg.algo, cfg.steps, cfg.optim.lr, cfg.learner.kl_coef, cfg.sampling.temperature) == ("ppo", 3, 3e-5, 0.001, 0.7)
+    with pytest.raises(ConfigError, match="optim.lrr"):
+        load_config(TrainConfig, overrides=["optim.lrr=1"])
     with pytest.raises(ConfigError, match="steps"):
         load_config(TrainConfig, overrides=["steps=many"])
     with pytest.raises(ConfigError, match="not found"):
         load_config(TrainConfig, tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="schedule"):
-        load_config(TrainConfig, overrides=["learner.schedule=zigzag"])
+        load_config(TrainConfig, overrides=["optim.schedule=zigzag"])
 
 
 def test_cli_reports_bad_config_in_one_line(tmp_path):

@@ -36,7 +36,7 @@ def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 def test_learner_recomputes_logprobs_at_the_sampling_temperature(tmp_path, algo):
     """lr=0 and T=0.7: the first update's ratios are exactly 1 (the bug: the learner used T=1)."""
     out = tmp_path / algo
-    assert main(["train", *TINY, f"algo={algo}", "steps=1", "learner.lr=0", "sampling.temperature=0.7",
+    assert main(["train", *TINY, f"algo={algo}", "steps=1", "optim.lr=0", "sampling.temperature=0.7",
                  f"output_dir={out}"]) == 0
     row = _rows(out)[0]
     assert float(row["train/temperature"]) == pytest.approx(0.7)
@@ -90,7 +90,7 @@ def test_a_run_directory_in_use_by_a_live_process_is_refused(tmp_path, capsys):
 
 @pytest.mark.parametrize("override, key", [("steps=-3", "steps"), ("group_size=0", "group_size"),
                                            ("sampling.top_p=1.5", "top_p"), ("sampling.temperature=0", "temperature"),
-                                           ("learner.lr=-1", "lr"), ("algo=foo", "algo"), ("env=NoSuch-v0", "env"),
+                                           ("optim.lr=-1", "lr"), ("algo=foo", "algo"), ("env=NoSuch-v0", "env"),
                                            ("model=/no/such/model/dir", "model"), ("style=xml", "style"),
                                            ("learner.temperature=0.5", "temperature"), ("backend=tgi", "backend"),
                                            ("eval.episodes=0", "episodes")])

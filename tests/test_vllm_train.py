@@ -30,7 +30,7 @@ def test_train_with_the_vllm_backend(model_dir, tmp_path):
     from agentgym.app.cli import main
     out = tmp_path / "run"
     assert main(["--threads", "1", "train", f"model={model_dir}", "backend=vllm", "steps=2", "groups_per_step=2",
-                 "group_size=2", "sampling.max_new_tokens=6", "sampling.temperature=0.8", "learner.lr=1e-3",
+                 "group_size=2", "sampling.max_new_tokens=6", "sampling.temperature=0.8", "optim.lr=1e-3",
                  "eval.episodes=2", "tensorboard=false", f"output_dir={out}"]) == 0
     rows = list(csv.DictReader((out / "train_log.csv").open()))
     assert len(rows) == 2

@@ -32,8 +32,6 @@ import asyncio
 import json
 import math
 import socket
-import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -41,6 +39,8 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, HTTPException, Request, WebSocket
 from pydantic import BaseModel, ConfigDict, Field
+
+from agentgym.http_server import BackgroundServer
 
 __all__ = ["ServeLimits", "create_app", "serve", "BackgroundOpenEnvServer", "MessageAction", "ChatObservation",
            "SessionState", "ERROR_CODES"]
@@ -402,48 +402,14 @@ def serve(app: Any, sock: socket.socket, limits: ServeLimits | None = None, log_
         sock.close()
 
 
-class BackgroundOpenEnvServer:
-    """uvicorn in a daemon thread on a pre-bound loopback port: for tests, benchmarks and ``OpenEnv-v0``'s
-    self-contained default. ``start``/``stop`` are bounded by timeouts and raise rather than hang."""
+class BackgroundOpenEnvServer(BackgroundServer):
+    """``agentgym serve``'s server (its :class:`ServeLimits`, graceful shutdown) in a background thread on a
+    pre-bound loopback port: for tests, benchmarks and ``OpenEnv-v0``'s self-contained default. Starting,
+    stopping and their bounds are the kernel's :class:`~agentgym.http_server.BackgroundServer`."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, limits: ServeLimits | None = None):
-        self.app, self.host, self.port, self.limits = app, host, port, limits or ServeLimits()
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        super().__init__(app, host, port, name="OpenEnv server")
+        self.limits = limits or ServeLimits()
 
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self, timeout_s: float = 30.0) -> str:
-        sock = bind(self.host, self.port)
-        self.port = sock.getsockname()[1]
-        self._server = _uvicorn_server(self.app, self.limits, "warning")
-        self._server.config.install_signal_handlers = False  # not the main thread
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                        name=f"openenv-server-{self.port}")
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"OpenEnv server on {self.url} did not start within {timeout_s}s")
-            time.sleep(0.01)
-        return self.url
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        if self._server is None or self._thread is None:
-            return
-        self._server.should_exit = True
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            self._server.force_exit = True
-            self._thread.join(timeout_s)
-        self._server = self._thread = None
-
-    def __enter__(self) -> "BackgroundOpenEnvServer":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def make_server(self) -> Any:
+        return _uvicorn_server(self.app, self.limits, "warning")

@@ -1,5 +1,6 @@
 """The application on top of the kernel: the ``agentgym`` command line (:mod:`~agentgym.app.cli`), the
-HTML trajectory report (:mod:`~agentgym.app.report`), evaluation (:mod:`~agentgym.app.evaluation`) and
+HTML trajectory report (:mod:`~agentgym.app.report`), ``agentgym eval``'s config (:mod:`~agentgym.app.eval_run`; the
+evaluation itself is the kernel's :mod:`agentgym.evaluation`) and
 env checks (:mod:`~agentgym.app.checking`).
 
 Run directories (:mod:`agentgym.runs`) and confidence intervals (:mod:`agentgym.stats`) live in the

@@ -64,8 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """``argv`` parsed, and what the parser left over. For a command that takes config overrides, options
-    it does not know are overrides (:func:`flags_as_overrides`): ``train --steps 5 --learner.lr=1e-5`` is
-    ``train steps=5 learner.lr=1e-5``, as HF-style command lines take them. ``args.argv`` is the command
+    it does not know are overrides (:func:`flags_as_overrides`): ``train --steps 5 --optim.lr=1e-5`` is
+    ``train steps=5 optim.lr=1e-5``, as HF-style command lines take them. ``args.argv`` is the command
     as read (what a run's ``--resume`` hint repeats)."""
     args, extra = parser.parse_known_args(argv)
     if hasattr(args, "overrides") and any(x.startswith("--") for x in extra):

@@ -146,7 +146,7 @@ def _run_layout(policy_spec: str) -> dict[str, Any]:
 
 
 #: ``agentgym eval`` flags that set the EvalRunConfig field of the same name (only when given).
-_EVAL_FLAGS = ("policy", "split", "episodes", "group_size", "batch_size", "first_task", "seed", "max_new_tokens",
+_EVAL_FLAGS = ("model", "split", "episodes", "group_size", "batch_size", "first_task", "seed", "max_new_tokens",
                "temperature", "top_p", "greedy", "style", "max_obs_tokens", "max_context_tokens", "device",
                "backend", "debug_checks", "html", "json", "paired_with")
 
@@ -155,9 +155,9 @@ def _eval_config(args: argparse.Namespace) -> Any:
     """Defaults < ``--config`` file < flags and ``-e`` env kwargs < ``key=value`` overrides.
 
     Flags travel as JSON-encoded overrides, so they get the config's type checks and a string such
-    as ``--policy yes`` stays a string."""
+    as ``--model yes`` stays a string."""
     from agentgym.config import ConfigError, load_config
-    from agentgym.app.evaluation import EvalRunConfig
+    from agentgym.app.eval_run import EvalRunConfig
     overrides = list(args.overrides or [])
     env_id = args.env_id
     if env_id is not None and "=" in env_id:  # no env id given: the first positional is an override
@@ -168,11 +168,11 @@ def _eval_config(args: argparse.Namespace) -> Any:
     # -e values as typed: the config reads them with the one value parser, as it reads train's overrides
     pre += [f"env_kwargs.{k}={v}" for k, v in split_kv(getattr(args, "env_kwarg", None))]
     cfg = load_config(EvalRunConfig, args.config, pre + overrides)
-    layout = _run_layout(cfg.policy)  # a run directory: evaluate with the layout it was trained with
+    layout = _run_layout(cfg.model)  # a run directory: evaluate with the layout it was trained with
     if layout:
         cfg = load_config(EvalRunConfig, args.config, pre + overrides, base=layout)
         r = cfg.rollout
-        print(f"[eval] layout of {cfg.policy} (override with flags): style={r.style} max_obs_tokens={r.max_obs_tokens} "
+        print(f"[eval] layout of {cfg.model} (override with flags): style={r.style} max_obs_tokens={r.max_obs_tokens} "
               f"max_context_tokens={r.max_context_tokens} max_new_tokens={r.sampling.max_new_tokens}")
     if not cfg.env:
         raise ConfigError("no env to evaluate: give ENV_ID or env=... (in the config or as an override)")
@@ -184,7 +184,7 @@ def _eval_baseline(cfg: Any, env_id: str) -> tuple[dict[str, Any], list[dict[str
     if not cfg.paired_with:
         return None
     from agentgym.config import ConfigError
-    from agentgym.app.evaluation import env_takes_split, load_eval_tasks
+    from agentgym.app.eval_run import env_takes_split, load_eval_tasks
     from agentgym.registry import full_id
     try:
         head, tasks = load_eval_tasks(cfg.paired_with)
@@ -212,7 +212,7 @@ def _task_line(t: dict[str, Any], group_size: int) -> str:
     each = "one episode each" if group_size == 1 else f"mean of {group_size} episodes each"
     ci = _ci_text(t["task_success_ci_low"], t["task_success_ci_high"], t["ci_note"], signed=False)
     line = f"per task ({t['tasks']:.0f} tasks, {each}): success {t['task_success']:.3f}, 95 % bootstrap CI {ci}"
-    from agentgym.app.evaluation import pass_at_k_text
+    from agentgym.app.eval_run import pass_at_k_text
     return line + (f"; {pass_at_k_text(t)} (unbiased estimator)" if group_size > 1 else "")
 
 
@@ -252,11 +252,11 @@ def _prepare_outputs(cfg: Any) -> None:
 
 
 def _evaluate_with_bar(policy: Any, cfg: Any, env_id: str) -> Any:
-    """:func:`~agentgym.app.evaluation.evaluate` under a live bar: episodes done, the running success, and
+    """:func:`~agentgym.app.eval_run.evaluate` under a live bar: episodes done, the running success, and
     while a batch generates its sequences and tokens."""
     from tqdm import tqdm
 
-    from agentgym.app.evaluation import evaluate
+    from agentgym.app.eval_run import evaluate
     from agentgym.progress import GeneratingPostfix
     from agentgym.rollout_metrics import summarize
     with tqdm(total=cfg.episodes * cfg.group_size, desc=f"eval {env_id}", unit="ep") as bar:
@@ -275,18 +275,18 @@ def _evaluate_with_bar(policy: Any, cfg: Any, env_id: str) -> Any:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from agentgym.config import to_dict
-    from agentgym.app.evaluation import paired_difference, task_summary
+    from agentgym.evaluation import paired_difference, task_summary
     cfg = _eval_config(args)
     env_id = require_env(cfg.env)
     check_env_arguments(env_id, cfg.env_kwargs)   # names, types, and a reward given as data resolves
-    check_model(cfg.policy, "policy")             # a mistyped folder or hub id: at once, before torch imports
+    check_model(cfg.model, "model")             # a mistyped folder or hub id: at once, before torch imports
     baseline = _eval_baseline(cfg, env_id)  # before the eval: a wrong file is said at once, not after it
     _prepare_outputs(cfg)
     set_threads(getattr(args, "threads", None), verbose=True)
-    policy = load_policy(cfg.policy, env_id, device=cfg.device, backend=cfg.backend)
+    policy = load_policy(cfg.model, env_id, device=cfg.device, backend=cfg.backend)
     result = _evaluate_with_bar(policy, cfg, env_id)
     split = result.env_kwargs.get("split", "-")
-    title = f"{env_id} (split {split}) · policy {cfg.policy} · {len(result.trajectories)} episodes"
+    title = f"{env_id} (split {split}) · policy {cfg.model} · {len(result.trajectories)} episodes"
     if result.sandbox:
         title += f" · sandbox {result.sandbox}"
     print_metrics(result.metrics, title, std=result.std)
@@ -308,7 +308,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if cfg.json:
         from pathlib import Path
         Path(cfg.json).write_text(json.dumps({
-            "env": env_id, "policy": cfg.policy, "config": to_dict(cfg), "env_kwargs": result.env_kwargs,
+            "env": env_id, "policy": cfg.model, "config": to_dict(cfg), "env_kwargs": result.env_kwargs,
             "metrics": result.metrics, "metrics_std": result.std, "task_summary": tasks, "per_task": result.tasks,
             **({"paired": {"with": cfg.paired_with, **paired}} if paired else {}),
             "trajectories": [t.to_dict() for t in result.trajectories]}, indent=1))
@@ -317,7 +317,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from agentgym.backend import tokenizer_of
         from agentgym.app.report import write_html_report
         path = write_html_report(cfg.html, result.trajectories, tokenizer=tokenizer_of(policy),
-                                 metrics=result.metrics, title=f"{env_id} · {cfg.policy}")
+                                 metrics=result.metrics, title=f"{env_id} · {cfg.model}")
         print(f"wrote {path}")
     if infra and len(infra) == len(result.trajectories):
         print("error: no episode could be scored: every one ended on an infrastructure error (above)", file=sys.stderr)
@@ -326,13 +326,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
-    """``agentgym sandbox ...``: the sandbox package owns its sub-commands (also ``python -m agentgym.envs.sandbox``)."""
-    from agentgym.envs.sandbox.__main__ import main as sandbox_main
+    """``agentgym sandbox ...``: the sandbox package owns its sub-commands (also ``python -m agentgym.envs.services.sandbox``)."""
+    from agentgym.envs.services.sandbox.__main__ import main as sandbox_main
     return sandbox_main(args.sandbox_args)
 
 
 def cmd_retriever_build(args: argparse.Namespace) -> int:
-    from agentgym.envs.retrieval import build_index
+    from agentgym.envs.services.retrieval import build_index
     if args.corpus == "bundled":
         from agentgym.envs.searchqa.data import bundled_dataset
         corpus: Any = bundled_dataset(seed=args.world_seed, size=args.world_size)[0]
@@ -346,7 +346,8 @@ def cmd_retriever_build(args: argparse.Namespace) -> int:
 
 
 def cmd_retriever_serve(args: argparse.Namespace) -> int:
-    from agentgym.envs.retrieval import DEFAULT_TOPK, ServerBindError, bind_socket, load_retriever, serve
+    from agentgym.envs.services.retrieval import DEFAULT_TOPK, load_retriever, serve
+    from agentgym.http_server import ServerBindError, bind_socket
     if args.max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
     if args.max_topk < 1:
@@ -359,7 +360,7 @@ def cmd_retriever_serve(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if args.index == "bundled":
-        from agentgym.envs.retrieval import DenseRetriever
+        from agentgym.envs.services.retrieval import DenseRetriever
         from agentgym.envs.searchqa.data import bundled_dataset
         retriever: Any = DenseRetriever().build(bundled_dataset(seed=args.world_seed, size=args.world_size)[0])
     else:

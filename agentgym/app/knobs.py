@@ -4,17 +4,20 @@ default and one line of help.
 Which config a command reads is the command line's business, so the mapping lives here, in the app: the
 configs themselves stay in the parts that declare them (``TrainConfig`` in :mod:`agentgym.algorithms.config`,
 ``SFTRunConfig``/``DPORunConfig`` in :mod:`agentgym.algorithms.offline`, ``EvalRunConfig`` in
-:mod:`agentgym.app.evaluation`). An env's settings are its constructor's keywords
-(:meth:`agentgym.AgentEnv.constructor_parameters`: its own and, through ``**kwargs``, its bases'), with the
-types and defaults the constructor declares and the help its docstring's ``Args:`` section gives; the same
-declaration is what ``env_kwargs`` are checked against before a run (:func:`agentgym.registry.check_env_kwargs`).
+:mod:`agentgym.app.eval_run`). An env's settings are the fields of its ``config_class`` (types, defaults
+and help, as the env declares them: every built-in env has one); a user's env without one is described by
+its constructor's keywords (:meth:`agentgym.AgentEnv.constructor_parameters`), with the help its
+docstring's ``Args:`` section gives. The same declaration is what ``env_kwargs`` are checked against
+before a run (:func:`agentgym.registry.check_env_kwargs`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import re
+from typing import Any
 
 __all__ = ["COMMAND_CONFIGS", "command_config", "describe_configs", "env_settings", "describe_env"]
 
@@ -23,7 +26,7 @@ COMMAND_CONFIGS: dict[str, str] = {
     "train": "agentgym.algorithms.config:TrainConfig",
     "sft": "agentgym.algorithms.offline.sft:SFTRunConfig",
     "dpo": "agentgym.algorithms.offline.dpo:DPORunConfig",
-    "eval": "agentgym.app.evaluation:EvalRunConfig",
+    "eval": "agentgym.app.eval_run:EvalRunConfig",
 }
 
 
@@ -40,8 +43,31 @@ def describe_configs(command: str | None = None) -> str:
     plain-text tables, one line per knob: dotted path, type, default, help."""
     from agentgym.config import format_config_table
     names = [command] if command is not None else list(COMMAND_CONFIGS)
-    return "\n".join(format_config_table(cls, title=f"agentgym {n}: {cls.__name__}")
-                     for n, cls in ((n, command_config(n)) for n in names))
+    tables = []
+    for n in names:
+        cls = command_config(n)
+        tables.append(format_config_table(cls, title=f"agentgym {n}: {cls.__name__}"))
+        if n == "train":
+            tables += _other_learners(cls())
+    return "\n".join(tables)
+
+
+def _other_learners(train: Any) -> list[str]:
+    """The ``learner:`` section is the chosen algorithm's typed config; the train table lists the default
+    algorithm's. For each other registered learner: its settings that the default's lacks or defaults
+    otherwise (with ``algo=NAME`` they are the ``learner.*`` keys)."""
+    from agentgym.algorithms.catalog import LEARNERS
+    from agentgym.config import config_fields, format_config_table
+    shown = {(k.path, repr(k.default)) for k in config_fields(train.learner, "learner")}
+    tables = []
+    for name, learner in sorted(LEARNERS.items()):
+        config = learner.config_class()
+        new = [k for k in config_fields(config, "learner") if (k.path, repr(k.default)) not in shown]
+        if new:
+            tables.append(format_config_table(
+                config, title=f"agentgym train algo={name}: learner is {type(config).__name__}; beyond the above",
+                prefix="learner", keep=lambda k: (k.path, repr(k.default)) not in shown))
+    return tables
 
 
 def _arg_help(cls: type) -> dict[str, str]:
@@ -59,8 +85,8 @@ def _arg_help(cls: type) -> dict[str, str]:
 
 
 def env_settings(env_id: str) -> list[tuple[str, str, str, str]]:
-    """``(name, type, default, help)`` for every constructor keyword of a registered env, including the
-    defaults its registration sets."""
+    """``(name, type, default, help)`` for every setting of a registered env (its config's fields, else its
+    constructor's keywords), with the defaults its registration sets."""
     from gymnasium.envs.registration import load_env_creator
 
     import agentgym
@@ -69,12 +95,15 @@ def env_settings(env_id: str) -> list[tuple[str, str, str, str]]:
     if spec is None:
         raise ValueError(f"no env {env_id!r}; registered: {', '.join(agentgym.list_envs())}")
     creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
-    helps = _arg_help(creator) if isinstance(creator, type) else {}
+    config_class = getattr(creator, "config_class", None)
+    params = {name: p for name, p in entry_point_parameters(creator).items()
+              if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and not (config_class and name == "config")}
+    helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(config_class)} if config_class else {}
+    if isinstance(creator, type) and any(name not in helps for name in params):  # keywords outside a config
+        helps = {**_arg_help(creator), **helps}
     registered = dict(spec.kwargs or {})
     rows = []
-    for name, p in entry_point_parameters(creator).items():
-        if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
-            continue
+    for name, p in params.items():
         kind = "" if p.annotation is inspect.Parameter.empty else str(p.annotation).replace("typing.", "")
         default = registered.get(name, p.default)
         shown = "(required)" if default is inspect.Parameter.empty else repr(default)

@@ -93,7 +93,7 @@ def add_eval(sub: Any) -> None:
     S = argparse.SUPPRESS  # flags only count when given, so a --config file's values stand otherwise
     p.add_argument("env_id", nargs="?", default=None, help="env id (or env=... in the config)")
     p.add_argument("--config", default=None, help="YAML file with EvalRunConfig fields")
-    p.add_argument("--policy", default=S, help="smollm2 (default) | MODEL_DIR | RUN_DIR (train/sft/dpo output) | "
+    p.add_argument("--model", "--policy", dest="model", default=S, help="the model: smollm2 (default) | MODEL_DIR | RUN_DIR (train/sft/dpo output) | "
                                               "FILE.gguf | HUB_ID | tiny-random | oracle | openai:MODEL@URL")
     p.add_argument("--split", default=S, help="env split (default test, for envs that take one); 'null' for none")
     p.add_argument("--episodes", type=int, default=S, help="number of tasks (groups); default 16")
@@ -208,7 +208,7 @@ def add_train(sub: Any) -> None:
     """``agentgym train``"""
     p = sub.add_parser("train", help="train a policy with REINFORCE / PPO / GRPO (defaults: a short CPU run)",
                        epilog=_knobs("train"))
-    _add_run_arguments(p, "TrainConfig", "e.g. algo=ppo learner.lr=1e-5 steps=20 backend=vllm", resume=True)
+    _add_run_arguments(p, "TrainConfig", "e.g. algo=ppo optim.lr=1e-5 learner.kl_coef=0.01 steps=20 backend=vllm", resume=True)
     p.set_defaults(func=cmd_train)
 
 

@@ -62,7 +62,8 @@ class DPORunConfig(OfflineRunConfig):
     """One DPO run. ``loss_type`` is one TRL loss name or several joined by commas (``sigmoid,sft``,
     weighted by ``loss_weights``)."""
     data: DPOData = field(default_factory=DPOData, metadata={"help": "the episodes to pair"})
-    optim: TrainerOptimConfig = field(default_factory=lambda: TrainerOptimConfig(lr=1e-6, epochs=1.0), metadata={
+    optim: TrainerOptimConfig = field(
+        default_factory=lambda: TrainerOptimConfig(lr=1e-6, schedule="cosine", epochs=1.0), metadata={
         "help": "optimizer, schedule and data loop"})
     beta: float = field(default=0.1, metadata={"help": "DPO's beta (> 0): strength of the pull to the reference"})
     loss_type: str = field(default="sigmoid", metadata={

@@ -40,23 +40,20 @@ class TrainerOptimConfig(OptimConfig):
     ``warmup_steps`` / ``warmup_ratio``, ``schedule``, ``max_grad_norm``) plus the data loop of a
     Hugging Face ``Trainer``.
 
-    ``epochs``: passes over the data set (not RL's passes over each batch), unless ``max_steps`` > 0;
-    ``batch_size`` × ``grad_accum`` examples per optimizer step; ``schedule``: ``constant``,
-    ``linear``, ``cosine`` or another transformers scheduler name, after the warmup; ``max_length``
-    cuts examples (None: no cut; episodes are already bounded by ``max_context_tokens``).
+    ``epochs``: passes over the data set (not RL's ``learner.epochs``, passes over each batch of
+    rollouts), unless ``max_steps`` > 0; ``batch_size`` × ``grad_accum`` examples per optimizer step;
+    ``schedule`` may also name another transformers scheduler, after the warmup; ``max_length`` cuts
+    examples (None: no cut; episodes are already bounded by ``max_context_tokens``). SFT's and DPO's
+    own defaults (lr, cosine schedule, DPO's one epoch) are set where their run configs build this
+    section (``default_factory``).
     ``warmup`` (deprecated): the former single warmup key — steps, or a fraction of training when < 1;
     use ``warmup_steps`` or ``warmup_ratio``.
     """
-    lr: float = field(default=2e-5, metadata={"help": "AdamW learning rate after warmup (>= 0)"})
-    schedule: str = field(default="cosine", metadata={
-        "help": "lr after the warmup: constant, linear, cosine or another transformers scheduler name"})
     epochs: float = field(default=2.0, metadata={"help": "passes over the data set (> 0; fractions allowed)"})
     max_steps: int = field(default=-1, metadata={"help": "optimizer steps to run; -1 = as many as epochs take"})
     batch_size: int = field(default=4, metadata={"help": "examples per forward/backward (>= 1)"})
     grad_accum: int = field(default=1, metadata={"help": "forward/backward passes per optimizer step (>= 1)"})
     max_length: int | None = field(default=None, metadata={"help": "cut examples to this many tokens; null = no cut"})
-    gradient_checkpointing: bool = field(default=False, metadata={
-        "help": "recompute activations in the backward pass (less memory, slower)"})
     logging_steps: int = field(default=1, metadata={"help": "optimizer steps between logged losses (>= 1)"})
     warmup: float | None = field(default=None, metadata={
         "help": "deprecated: warmup steps, or a fraction of training when < 1; use warmup_steps / warmup_ratio"})
@@ -131,8 +128,8 @@ class OfflineRunConfig(RolloutViews):
 class SFTRunConfig(OfflineRunConfig):
     """One SFT run. Defaults: oracle episodes on Arithmetic-v0 into SmolLM2."""
     data: SFTData = field(default_factory=SFTData, metadata={"help": "the episodes to clone"})
-    optim: TrainerOptimConfig = field(default_factory=TrainerOptimConfig, metadata={
-        "help": "optimizer, schedule and data loop"})
+    optim: TrainerOptimConfig = field(default_factory=lambda: TrainerOptimConfig(lr=2e-5, schedule="cosine"),
+                                      metadata={"help": "optimizer, schedule and data loop"})
     output_dir: str = field(default="runs/sft", metadata={
         "help": "where the run writes its resolved config, logs and model"})
 

@@ -117,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's; 1 on a machine other jobs load)")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="more TrainConfig overrides, e.g. learner.lr=5e-6")
+                   help="more TrainConfig overrides, e.g. optim.lr=5e-6")
     args = p.parse_args(argv)
     defaults = {"eval_per_type": (20, 2), "sft_episodes": (64, 8), "seeds": (3, 1), "sft_epochs": (1.0, 1.0)}
     for k, (full, quick) in defaults.items():
@@ -128,10 +128,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_train_config(args: argparse.Namespace) -> Any:
+def load_train_config(args: argparse.Namespace, algo: str | None = None) -> Any:
+    """The study's TrainConfig; with ``algo``, that arm's (the one ``learner:`` section of the file read as
+    the algorithm's typed learner config)."""
     from agentgym.algorithms.config import TrainConfig
     from agentgym.config import load_config
-    overrides = list(args.override)
+    overrides = list(args.override) + ([f"algo={algo}"] if algo else [])
     for flag, key in (("model", "model"), ("retriever", "env_kwargs.retriever"),
                       ("max_new_tokens", "sampling.max_new_tokens"), ("max_turns", "env_kwargs.max_turns"),
                       ("steps", "steps"), ("groups", "groups_per_step"), ("group_size", "group_size")):
@@ -669,7 +671,8 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
             log(f"RL {name}: {algo}, mask_env_tokens={mask}, {cfg.steps} steps")
             policy.model.load_state_dict(sft_state)
             t0 = time.perf_counter()
-            run = run_rl(policy, cfg, algo, mask, seed, runs_dir / name, args.keep_checkpoints,
+            arm_cfg = load_train_config(args, algo)     # the study's learner: section, as the arm's typed config
+            run = run_rl(policy, arm_cfg, algo, mask, seed, runs_dir / name, args.keep_checkpoints,
                          checkpoint_every=args.checkpoint_every, resume=args.resume)
             timings[f"rl_{name}"] = time.perf_counter() - t0
             from agentgym.algorithms.run_control import release_memory
@@ -713,7 +716,7 @@ def retrain(args: argparse.Namespace, cfg: Any, records: dict[str, list], policy
         log(f"RL {name} again: {algo}, mask_env_tokens={mask}, {cfg.steps} steps (--retrain)")
         policy.model.load_state_dict(sft_state)
         t0 = time.perf_counter()
-        run_rl(policy, cfg, algo, mask, seed, out_dir, args.keep_checkpoints,
+        run_rl(policy, load_train_config(args, algo), algo, mask, seed, out_dir, args.keep_checkpoints,
                checkpoint_every=args.checkpoint_every, resume=args.resume)
         train_s = time.perf_counter() - t0
         recs = timed_eval(policy, f"{name}_retrained", "agentic")
@@ -764,7 +767,7 @@ def write_report(args: argparse.Namespace, argv: list[str] | None, cfg: Any, pro
             "retriever": cfg.env_kwargs.get("retriever"), "topk": cfg.env_kwargs.get("topk"),
             "eval_questions": len(indices), "eval_per_type": args.eval_per_type, "eval_task_indices": indices,
             "seeds": args.seeds,
-            "rl": {"steps": cfg.steps, "groups": cfg.groups_per_step, "group_size": cfg.group_size, "lr": cfg.learner.lr,
+            "rl": {"steps": cfg.steps, "groups": cfg.groups_per_step, "group_size": cfg.group_size, "lr": cfg.optim.lr,
                    "max_new_tokens": cfg.sampling.max_new_tokens, "max_turns": cfg.env_kwargs.get("max_turns")},
             "command": " ".join(["OMP_NUM_THREADS=" + os.environ.get("OMP_NUM_THREADS", ""), "python",
                                  *(sys.argv if argv is None else ["benchmarks/search_r1/small_scale.py", *argv])]),

@@ -15,10 +15,10 @@ reference policy) and :mod:`.env` (:class:`BFCLEnv`).
 """
 
 from .data import CATEGORIES, MULTI_TURN, SINGLE_TURN, UNSUPPORTED, load_tasks
-from .env import DEFAULT_TERMS, BFCLEnv, bfcl_success
+from .env import DEFAULT_TERMS, BFCLConfig, BFCLEnv, bfcl_success
 from .oracle import oracle
 from .scoring import score_single_turn
 from .multi_turn import score_multi_turn
 
-__all__ = ["BFCLEnv", "CATEGORIES", "SINGLE_TURN", "MULTI_TURN", "UNSUPPORTED", "load_tasks", "oracle",
+__all__ = ["BFCLEnv", "BFCLConfig", "CATEGORIES", "SINGLE_TURN", "MULTI_TURN", "UNSUPPORTED", "load_tasks", "oracle",
            "score_single_turn", "score_multi_turn", "bfcl_success", "DEFAULT_TERMS"]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import copy
 import json
 import re
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from agentgym import AgentEnv, Reward, Transition, shaper
+from agentgym import AgentEnv, EnvConfig, Reward, Transition, shaper
 from agentgym.parsing import ToolCall, parse_tool_calls
 from agentgym.rewards import InvalidActionPenalty, StepEvent
 
@@ -16,7 +17,7 @@ from .multi_turn import MultiTurnSession, score_multi_turn
 from .oracle import oracle as _oracle
 from .scoring import score_single_turn
 
-__all__ = ["BFCLEnv", "bfcl_success", "DEFAULT_TERMS", "ADDED_FUNCTIONS_PROMPT"]
+__all__ = ["BFCLEnv", "BFCLConfig", "bfcl_success", "DEFAULT_TERMS", "ADDED_FUNCTIONS_PROMPT"]
 
 #: what BFCL says when held-out functions come back (``DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC``)
 ADDED_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. What about now?"
@@ -43,26 +44,38 @@ def _safe(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-class BFCLEnv(AgentEnv):
-    """Tool calling on the Berkeley Function Calling Leaderboard v4 (the ``bfcl-eval`` package's data).
+@dataclass
+class BFCLConfig(EnvConfig):
+    """The settings of ``BFCL-v0``."""
+    category: str = field(default="simple_python", metadata={
+        "help": "a BFCL category (CATEGORIES), e.g. simple_python, parallel, live_multiple, irrelevance, "
+                "multi_turn_base"})
+    split: str = field(default="test", metadata={
+        "help": "only test: BFCL is an evaluation set (every task of the category, in the package's order)"})
+    max_turns: int | None = field(default=None, metadata={
+        "help": "null: 2 for single-turn categories (one retry after an unparseable reply); for multi-turn, "
+                "enough for every user turn at max_steps_per_turn"})
+    max_steps_per_turn: int = field(default=20, metadata={
+        "help": "multi-turn: actions within one user turn before the episode is force-quit and failed (BFCL's 20)"})
+    max_calls_per_action: int = field(default=64, metadata={
+        "help": "more calls in one action make it invalid (BFCL v4's largest ground-truth turn has 34)"})
+    tools_in_prompt: bool = field(default=True, metadata={
+        "help": "also list the functions in the system prompt (for chat templates without tools=)"})
+    underscore_to_dot: bool = field(default=False, metadata={
+        "help": "show '.' in function names as '_' (for APIs that reject dots); BFCL's checker maps them back"})
 
-    Args:
-        category: a BFCL category (see :data:`~agentgym.envs.bfcl.data.CATEGORIES`), e.g. ``simple_python``,
-            ``parallel``, ``live_multiple``, ``irrelevance``, ``multi_turn_base``.
-        split: only ``"test"``: BFCL is an evaluation set, and every task of the category is in it, in the
-            package's order. Training on it leaves no held-out BFCL task to evaluate on.
-        max_turns: actions per episode (default: 2 for single-turn categories, whose first parseable reply is
-            judged: an unparseable one gets its error and one retry; for multi-turn, enough for every user
-            turn at ``max_steps_per_turn``).
-        max_steps_per_turn: multi-turn only: actions within one user turn before the episode is force-quit
-            and failed (BFCL's ``MAXIMUM_STEP_LIMIT``, 20).
-        max_calls_per_action: more calls than this in one action make it invalid (the largest ground-truth
-            turn of BFCL v4 has 34 calls).
-        tools_in_prompt: also list the functions in the system prompt (for chat templates without
-            ``tools=``); :meth:`tool_specs` gives the current task's functions either way.
-        underscore_to_dot: show ``.`` in function names as ``_`` (for APIs that reject dots) and let BFCL's
-            checker map them back, as BFCL does for such models.
-        reward: a custom :class:`~agentgym.Reward` or new weights for ``success`` and ``invalid``.
+    def __post_init__(self) -> None:
+        if self.split != "test":
+            raise ValueError(f"split must be 'test' (BFCL is an evaluation set: every task is a test task), "
+                             f"got {self.split!r}")
+        check_category(self.category)
+        if self.max_steps_per_turn < 1 or self.max_calls_per_action < 1:
+            raise ValueError("max_steps_per_turn and max_calls_per_action must be >= 1")
+
+
+class BFCLEnv(AgentEnv):
+    """Tool calling on the Berkeley Function Calling Leaderboard v4 (the ``bfcl-eval`` package's data);
+    settings: :class:`BFCLConfig`; reward terms ``success`` and ``invalid``.
 
     ``info`` of the final step: ``success`` and ``error_type`` (BFCL's); ``info["privileged"]["verdict"]``
     holds BFCL's full verdict, whose messages name the possible answers (never shown to the policy).
@@ -70,22 +83,17 @@ class BFCLEnv(AgentEnv):
 
     stop_strings = ()
     tool_action_types = ("tool_call",)
+    config_class = BFCLConfig
 
-    def __init__(self, category: str = "simple_python", split: str = "test", max_turns: int | None = None,
-                 max_steps_per_turn: int = 20, max_calls_per_action: int = 64, tools_in_prompt: bool = True,
-                 underscore_to_dot: bool = False, reward: Reward | Mapping[str, float] | None = None,
-                 max_action_chars: int = 16_384, render_mode: str | None = None, group_reward: Any = None):
-        if split != "test":
-            raise ValueError(f"split must be 'test' (BFCL is an evaluation set: every task is a test task), got {split!r}")
-        self.category = check_category(category)
-        if max_steps_per_turn < 1 or max_calls_per_action < 1:
-            raise ValueError("max_steps_per_turn and max_calls_per_action must be >= 1")
-        self.split = split
+    def __init__(self, config: BFCLConfig | None = None, **settings: Any):
+        c = self.config = self.config_class.build(config, settings)
+        self.category, self.split = c.category, c.split
         self.multi_turn = is_multi_turn(self.category)
-        self.max_steps_per_turn, self.max_calls_per_action = int(max_steps_per_turn), int(max_calls_per_action)
-        self.tools_in_prompt, self.underscore_to_dot = bool(tools_in_prompt), bool(underscore_to_dot)
+        self.max_steps_per_turn, self.max_calls_per_action = int(c.max_steps_per_turn), int(c.max_calls_per_action)
+        self.tools_in_prompt, self.underscore_to_dot = bool(c.tools_in_prompt), bool(c.underscore_to_dot)
         self._tasks = load_tasks(self.category)
         self.num_tasks = len(self._tasks)
+        max_turns = c.max_turns
         if max_turns is None:
             longest = max(len(t["question"]) for t in self._tasks)
             max_turns = longest * (self.max_steps_per_turn + 1) if self.multi_turn else 2
@@ -94,8 +102,8 @@ class BFCLEnv(AgentEnv):
         self._turns: list[list[list[str]]] = []
         self._steps_in_turn = 0
         self._verdict: dict[str, Any] = {}
-        super().__init__(reward=reward, max_turns=max_turns, max_action_chars=max_action_chars,
-                         render_mode=render_mode, group_reward=group_reward)
+        super().__init__(reward=c.reward, max_turns=max_turns, max_action_chars=c.max_action_chars,
+                         render_mode=c.render_mode, group_reward=c.group_reward)
 
     # ------------------------------------------------------------------ tasks and prompt
     def default_reward(self) -> Reward:

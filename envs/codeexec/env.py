@@ -22,18 +22,20 @@ input or expected value, so a repair cannot just hard-code failing cases (``reve
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from agentgym import AgentEnv, Reward, Transition
+from agentgym import AgentEnv, EnvConfig, Reward, Transition
 from agentgym.parsing import extract_code_blocks, parse_python
 from agentgym.rewards import CallCost, InvalidActionPenalty, StepEvent
 from agentgym.envs.codeexec.harness import REPORT_MARK
 from agentgym.splits import SPLITS
 from agentgym.envs.codeexec.problems import bundled_problems, load_problems, select_split, validate_problem
-from agentgym.envs.sandbox.selection import SANDBOX_SPECS, LazySandbox
+from agentgym.envs.services.sandbox.selection import SANDBOX_SPECS, LazySandbox
 
-__all__ = ["CodeExecEnv", "TestsPassed", "SYSTEM_PROMPT", "run_tests", "run_tests_batch", "format_report",
+__all__ = ["CodeExecEnv", "CodeExecConfig",
+           "TestsPassed", "SYSTEM_PROMPT", "run_tests", "run_tests_batch", "format_report",
            "PYTHON_LANGS"]
 
 SYSTEM_PROMPT = (
@@ -245,71 +247,81 @@ class TestsPassed:
 
 
 # --------------------------------------------------------------------------- env
-class CodeExecEnv(AgentEnv):
-    """Program synthesis with execution feedback and multi-turn repair.
+@dataclass
+class CodeExecConfig(EnvConfig):
+    """The settings of ``CodeExec-v0``."""
+    split: str | None = field(default="train", metadata={
+        "help": "train, validation or test: disjoint shares of the bundled problems by a hash of each task_id "
+                "(null: all); problems you pass (data_path, problems) are used whole"})
+    data_path: str | Path | None = field(default=None, metadata={
+        "help": "a problem file (HumanEval-style, MBPP-style or agentgym jsonl, .gz ok); null: the bundled problems"})
+    data_format: str = field(default="auto", metadata={
+        "help": "auto (detected), agentgym, humaneval or mbpp"})
+    problems: Sequence[Mapping[str, Any]] | None = field(default=None, metadata={
+        "help": "the problems as a list of dicts (instead of data_path)"})
+    max_attempts: int = field(default=3, metadata={"help": "code submissions per episode"})
+    reward_mode: str = field(default="pass_rate", metadata={"help": "the tests term: pass_rate or all_pass"})
+    attempt_cost: float = field(default=0.05, metadata={"help": "weight of the per-repair cost"})
+    format_penalty: float = field(default=0.1, metadata={"help": "weight of the no-code penalty"})
+    sandbox: Any = field(default="auto", metadata={
+        "help": "auto (docker, else bwrap; refused at construction when neither works), a backend name, or a "
+                "Sandbox; subprocess is no security boundary and needs allow_unsafe"})
+    allow_unsafe: bool = field(default=False, metadata={
+        "help": "allow sandbox=subprocess (or set AGENTGYM_ALLOW_UNSAFE_SANDBOX=1)"})
+    test_time_limit_s: float = field(default=4.0, metadata={"help": "wall time of one test"})
+    time_limit_s: float = field(default=20.0, metadata={"help": "wall time of one attempt"})
+    memory_mb: int = field(default=256, metadata={"help": "memory of one attempt"})
+    visible_tests: int | None = field(default=None, metadata={
+        "help": "how many leading tests the prompt shows; null: each problem's visible"})
+    reveal_hidden_tests: bool = field(default=False, metadata={
+        "help": "show hidden tests' code and values in failure reports"})
+    max_turns: int | None = field(default=None, metadata={
+        "help": "null: max_attempts (a response without code uses up a turn too)"})
 
-    Args:
-        data_path: a problem file (HumanEval-style, MBPP-style or agentgym jsonl, ``.gz`` ok); default:
-            the bundled problems.
-        data_format: ``auto`` (detected), ``agentgym``, ``humaneval`` or ``mbpp``.
-        max_attempts: code submissions per episode.
-        reward_mode: ``pass_rate`` or ``all_pass`` (the ``tests`` term).
-        attempt_cost: weight of the per-repair cost; format_penalty: weight of the no-code penalty.
-        split: ``"train"``, ``"validation"`` or ``"test"``: disjoint shares of the bundled problems, by a
-            hash of each ``task_id`` (:func:`agentgym.splits.split_of`; ``None``: all). Problems you pass (``data_path``/``problems``) are used whole:
-            pass the file of the split you want.
-        sandbox: ``"auto"`` (docker, else bwrap; refused with :class:`SandboxRefusedError` at construction
-            when neither works), a backend name, or a ``Sandbox`` instance. ``"subprocess"`` is no
-            security boundary and needs ``allow_unsafe=True`` (or ``AGENTGYM_ALLOW_UNSAFE_SANDBOX=1``).
-        test_time_limit_s / time_limit_s / memory_mb: per-test wall time, per-attempt wall time, memory.
-        visible_tests: how many leading tests the prompt shows (default: each problem's ``visible``).
-        reveal_hidden_tests: show hidden tests' code and values in failure reports.
-        max_turns: turn limit (default ``max_attempts``: a response without code uses up a turn too).
-    """
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.reward_mode not in REWARD_MODES:
+            raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {self.reward_mode!r}")
+        if self.split is not None and self.split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)} or None, got {self.split!r}")
+        if isinstance(self.sandbox, str) and self.sandbox not in SANDBOX_SPECS:
+            raise ValueError(f"unknown sandbox {self.sandbox!r}; use one of {SANDBOX_SPECS} or a Sandbox instance")
+        if self.visible_tests is not None and self.visible_tests < 0:
+            raise ValueError("visible_tests must be >= 0")
+        if self.problems is not None and self.data_path is not None:
+            raise ValueError("give either problems= or data_path=, not both")
+
+
+class CodeExecEnv(AgentEnv):
+    """Program synthesis with execution feedback and multi-turn repair; settings: :class:`CodeExecConfig`."""
 
     tool_action_types = ()  # attempts are reported as such, not as tool calls
+    config_class = CodeExecConfig
 
-    def __init__(self, *, split: str | None = "train", data_path: str | Path | None = None, data_format: str = "auto",
-                 problems: Sequence[Mapping[str, Any]] | None = None, max_attempts: int = 3,
-                 reward_mode: str = "pass_rate", attempt_cost: float = 0.05, format_penalty: float = 0.1,
-                 sandbox: Any = "auto", allow_unsafe: bool = False, test_time_limit_s: float = 4.0,
-                 time_limit_s: float = 20.0, memory_mb: int = 256, visible_tests: int | None = None,
-                 reveal_hidden_tests: bool = False,
-                 max_turns: int | None = None, max_action_chars: int = 16_384,
-                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
-                 group_reward: Any = None):
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
-        if reward_mode not in REWARD_MODES:
-            raise ValueError(f"reward_mode must be one of {REWARD_MODES}, got {reward_mode!r}")
-        if split is not None and split not in SPLITS:
-            raise ValueError(f"split must be one of {list(SPLITS)} or None, got {split!r}")
-        if isinstance(sandbox, str) and sandbox not in SANDBOX_SPECS:
-            raise ValueError(f"unknown sandbox {sandbox!r}; use one of {SANDBOX_SPECS} or a Sandbox instance")
-        if visible_tests is not None and visible_tests < 0:
-            raise ValueError("visible_tests must be >= 0")
-        if problems is not None and data_path is not None:
-            raise ValueError("give either problems= or data_path=, not both")
+    def __init__(self, config: CodeExecConfig | None = None, **settings: Any):
+        c = self.config = self.config_class.build(config, settings)
+        split, data_path, problems, sandbox, allow_unsafe = c.split, c.data_path, c.problems, c.sandbox, c.allow_unsafe
         if problems is not None:
             self.problems = [validate_problem(dict(p), f"problems[{i}]") for i, p in enumerate(problems)]
         elif data_path is not None:
-            self.problems = load_problems(data_path, data_format)
+            self.problems = load_problems(data_path, c.data_format)
         else:
             self.problems = select_split(bundled_problems(), split)
         if not self.problems:
             raise ValueError("no problems")
         self.split = split
         self.num_tasks = len(self.problems)
-        self.max_attempts = int(max_attempts)
-        self.reward_mode, self.attempt_cost, self.format_penalty = reward_mode, attempt_cost, format_penalty
+        self.max_attempts = int(c.max_attempts)
+        self.reward_mode, self.attempt_cost, self.format_penalty = c.reward_mode, c.attempt_cost, c.format_penalty
         self.sandbox_spec, self.allow_unsafe = sandbox, allow_unsafe
         self._code_sandbox = LazySandbox(sandbox, allow_unsafe)   # fails closed here, before any code runs
-        self.test_time_limit_s, self.time_limit_s, self.memory_mb = test_time_limit_s, time_limit_s, memory_mb
-        self.visible_tests, self.reveal_hidden_tests = visible_tests, reveal_hidden_tests
+        self.test_time_limit_s, self.time_limit_s, self.memory_mb = c.test_time_limit_s, c.time_limit_s, c.memory_mb
+        self.visible_tests, self.reveal_hidden_tests = c.visible_tests, c.reveal_hidden_tests
         self._attempts = 0
         self._last: dict[str, Any] | None = None
-        super().__init__(reward=reward, max_turns=max_turns or max_attempts, max_action_chars=max_action_chars,
-                         render_mode=render_mode, group_reward=group_reward)
+        super().__init__(reward=c.reward, max_turns=c.max_turns or c.max_attempts,
+                         max_action_chars=c.max_action_chars, render_mode=c.render_mode, group_reward=c.group_reward)
 
     @property
     def sandbox(self) -> Any:

@@ -2,7 +2,7 @@
 optional Python tool use, and reward-hacking detectors (see ``env.py``)."""
 
 from agentgym.envs.mathrl.answers import answers_equal, extract_answer, parse_number
-from agentgym.envs.mathrl.env import MathEnv
+from agentgym.envs.mathrl.env import MathConfig, MathEnv
 from agentgym.envs.mathrl.problems import KINDS, make_problem
 
-__all__ = ["MathEnv", "extract_answer", "parse_number", "answers_equal", "make_problem", "KINDS"]
+__all__ = ["MathEnv", "MathConfig", "extract_answer", "parse_number", "answers_equal", "make_problem", "KINDS"]

@@ -32,17 +32,19 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from agentgym import AgentEnv, Reward, Transition, shaper
+from agentgym import AgentEnv, EnvConfig, Reward, Transition, shaper
 from agentgym.parsing import extract_code_blocks
 from agentgym.rewards import CallCost, InvalidActionPenalty, LengthPenalty, StepEvent
 from agentgym.splits import check_split
 from agentgym.envs.mathrl.answers import _last_box, answers_equal, extract_answer, latex_fraction, parse_number
 from agentgym.envs.mathrl.problems import KINDS, SPLITS, make_problem
-from agentgym.envs.sandbox.selection import SANDBOX_SPECS, LazySandbox
+from agentgym.envs.services.sandbox.selection import SANDBOX_SPECS, LazySandbox
 
-__all__ = ["MathEnv", "SYSTEM_PROMPT", "TOOLS_PROMPT", "AnswerGuessing", "RepeatedFiller", "think_format_ok",
+__all__ = ["MathEnv", "MathConfig",
+           "SYSTEM_PROMPT", "TOOLS_PROMPT", "AnswerGuessing", "RepeatedFiller", "think_format_ok",
            "count_reasoning_steps", "repetition_score", "correct", "think_format"]
 
 SYSTEM_PROMPT = (
@@ -155,73 +157,83 @@ class RepeatedFiller:
 
 
 # --------------------------------------------------------------------------- env
-class MathEnv(AgentEnv):
-    """Math word/arithmetic/fraction/equation problems with exact answers.
+@dataclass
+class MathConfig(EnvConfig):
+    """The settings of ``Math-v0``."""
+    split: str = field(default="train", metadata={
+        "help": "train, validation or test: disjoint question sets, no question twice in one"})
+    kinds: Sequence[str] = field(default=KINDS, metadata={
+        "help": "problem families to draw from (arithmetic, fractions, linear, word)"})
+    difficulty: int | Sequence[int] = field(default=(1, 3), metadata={
+        "help": "an int >= 0, or an inclusive range [lo, hi] drawn per task; 0 is the warm-up level for very "
+                "small models (one operation on numbers up to 20)"})
+    tools: bool = field(default=False, metadata={
+        "help": "allow ```python blocks, run in the sandbox (tool-integrated reasoning)"})
+    sandbox: Any = field(default="auto", metadata={
+        "help": "tools mode: auto (docker, else bwrap; refused at construction when nothing isolating works), a "
+                "backend name or a Sandbox; subprocess is no security boundary and needs allow_unsafe"})
+    allow_unsafe: bool = field(default=False, metadata={
+        "help": "allow sandbox=subprocess (or set AGENTGYM_ALLOW_UNSAFE_SANDBOX=1)"})
+    max_tool_calls: int = field(default=3, metadata={"help": "code runs per episode (tools mode)"})
+    tool_time_limit_s: float = field(default=5.0, metadata={"help": "wall time of one code run"})
+    memory_mb: int = field(default=256, metadata={"help": "memory of one code run"})
+    max_output_chars: int = field(default=2000, metadata={"help": "a longer code output is cut in the middle"})
+    guess_step_ratio: float = field(default=0.5, metadata={
+        "help": "the guessing detector: required share of the worked solution's calculation steps"})
+    repetition_tolerance: float = field(default=0.3, metadata={
+        "help": "the repetition detector: share of repeated text tolerated, in [0, 1)"})
+    length_budget: int = field(default=4000, metadata={"help": "the length detector: characters before a penalty"})
+    observation_style: str = field(default="chat", metadata={
+        "help": "chat or continuation (how a rollout appends code output)"})
+    max_turns: int | None = field(default=None, metadata={
+        "help": "null: 2 (one retry after a reply without an answer), max_tool_calls + 2 with tools"})
 
-    Args:
-        split: ``"train"``, ``"validation"`` or ``"test"`` (disjoint question sets, no question twice in one;
-            see :mod:`agentgym.envs.mathrl.problems`).
-        kinds: problem families to draw from (``arithmetic``, ``fractions``, ``linear``, ``word``).
-        difficulty: an int >= 0 or an inclusive range ``(lo, hi)`` drawn per task; no upper bound.
-            0 is the warm-up level for very small models (one operation on numbers up to 20 for
-            ``arithmetic``): the default ``agentgym train`` job uses it so that SmolLM2-135M solves
-            some tasks and a group's rewards differ — with all-equal rewards GRPO has no gradient.
-        tools: allow ```python blocks run in the sandbox (tool-integrated reasoning).
-        sandbox: ``"auto"`` (docker, else bwrap), a backend name or a ``Sandbox`` (tools mode only; chosen at
-            construction, refused there with :class:`SandboxRefusedError` when nothing isolating works,
-            started on first use). ``"subprocess"`` is no security boundary: it needs ``allow_unsafe=True``
-            (or ``AGENTGYM_ALLOW_UNSAFE_SANDBOX=1``).
-        max_tool_calls, tool_time_limit_s, memory_mb, max_output_chars: limits of the code runs.
-        guess_step_ratio, repetition_tolerance, length_budget: the hacking detectors' thresholds.
-        observation_style: ``chat`` or ``continuation`` (how a rollout appends code output).
-        max_turns: default 2 (one retry after a reply without an answer), ``max_tool_calls + 2`` with tools.
-        reward: a :class:`Reward` or new weights for the default terms (e.g. ``{"guessing": 0.2}``).
-    """
+    def __post_init__(self) -> None:
+        check_split(self.split, SPLITS)
+        self.kinds = tuple(self.kinds)
+        if not self.kinds or any(k not in KINDS for k in self.kinds):
+            raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {self.kinds!r}")
+        if isinstance(self.difficulty, int):
+            if self.difficulty < 0:
+                raise ValueError(f"difficulty must be >= 0, got {self.difficulty}")
+        else:
+            lo, hi = (int(v) for v in self.difficulty)
+            if not 0 <= lo <= hi:
+                raise ValueError(f"difficulty range must satisfy 0 <= lo <= hi, got {self.difficulty!r}")
+            self.difficulty = (lo, hi)
+        if self.observation_style not in ("chat", "continuation"):
+            raise ValueError(f"observation_style must be 'chat' or 'continuation', got {self.observation_style!r}")
+        if self.max_tool_calls < 0:
+            raise ValueError("max_tool_calls must be >= 0")
+        if isinstance(self.sandbox, str) and self.sandbox not in SANDBOX_SPECS:
+            raise ValueError(f"unknown sandbox {self.sandbox!r}; use one of {SANDBOX_SPECS} or a Sandbox instance")
+
+
+class MathEnv(AgentEnv):
+    """Math word/arithmetic/fraction/equation problems with exact answers; settings: :class:`MathConfig`
+    (the reward terms and detectors: the module docstring)."""
 
     num_tasks = None  # procedural: every non-negative index is a task
+    config_class = MathConfig
 
-    def __init__(self, *, split: str = "train", kinds: Sequence[str] = KINDS, difficulty: int | Sequence[int] = (1, 3),
-                 tools: bool = False, sandbox: Any = "auto", allow_unsafe: bool = False, max_tool_calls: int = 3,
-                 tool_time_limit_s: float = 5.0,
-                 memory_mb: int = 256, max_output_chars: int = 2000, guess_step_ratio: float = 0.5,
-                 repetition_tolerance: float = 0.3, length_budget: int = 4000, observation_style: str = "chat",
-                 max_turns: int | None = None, max_action_chars: int = 16_384,
-                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
-                 group_reward: Any = None):
-        check_split(split, SPLITS)
-        kinds = tuple(kinds)
-        if not kinds or any(k not in KINDS for k in kinds):
-            raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {kinds!r}")
-        if isinstance(difficulty, int):
-            if difficulty < 0:
-                raise ValueError(f"difficulty must be >= 0, got {difficulty}")
-            self.difficulty: int | tuple[int, int] = difficulty
-        else:
-            lo, hi = (int(v) for v in difficulty)
-            if not 0 <= lo <= hi:
-                raise ValueError(f"difficulty range must satisfy 0 <= lo <= hi, got {difficulty!r}")
-            self.difficulty = (lo, hi)
-        if observation_style not in ("chat", "continuation"):
-            raise ValueError(f"observation_style must be 'chat' or 'continuation', got {observation_style!r}")
-        if max_tool_calls < 0:
-            raise ValueError("max_tool_calls must be >= 0")
-        self.split, self.kinds, self.tools = split, kinds, bool(tools)
-        if isinstance(sandbox, str) and sandbox not in SANDBOX_SPECS:
-            raise ValueError(f"unknown sandbox {sandbox!r}; use one of {SANDBOX_SPECS} or a Sandbox instance")
-        self.sandbox_spec, self.allow_unsafe = sandbox, allow_unsafe
+    def __init__(self, config: MathConfig | None = None, **settings: Any):
+        c = self.config = self.config_class.build(config, settings)
+        self.split, self.kinds, self.difficulty, self.tools = c.split, c.kinds, c.difficulty, bool(c.tools)
+        self.sandbox_spec, self.allow_unsafe = c.sandbox, c.allow_unsafe
         # fails closed here, before any code runs: no isolating backend and no unsafe opt-in -> refused
-        self._code_sandbox = LazySandbox(sandbox, allow_unsafe) if self.tools else None
-        self.max_tool_calls, self.tool_time_limit_s = int(max_tool_calls), float(tool_time_limit_s)
-        self.memory_mb, self.max_output_chars = int(memory_mb), int(max_output_chars)
-        self.guess_step_ratio, self.repetition_tolerance = guess_step_ratio, repetition_tolerance
-        self.length_budget = int(length_budget)
-        self.observation_style = observation_style
+        self._code_sandbox = LazySandbox(c.sandbox, c.allow_unsafe) if self.tools else None
+        self.max_tool_calls, self.tool_time_limit_s = int(c.max_tool_calls), float(c.tool_time_limit_s)
+        self.memory_mb, self.max_output_chars = int(c.memory_mb), int(c.max_output_chars)
+        self.guess_step_ratio, self.repetition_tolerance = c.guess_step_ratio, c.repetition_tolerance
+        self.length_budget = int(c.length_budget)
+        self.observation_style = c.observation_style
         self.stop_strings = ("```output",) if self.tools else ()
         self._code_runs = 0
+        max_turns = c.max_turns
         if max_turns is None:
             max_turns = self.max_tool_calls + 2 if self.tools else 2
-        super().__init__(reward=reward, max_turns=max_turns, max_action_chars=max_action_chars,
-                         render_mode=render_mode, group_reward=group_reward)
+        super().__init__(reward=c.reward, max_turns=max_turns, max_action_chars=c.max_action_chars,
+                         render_mode=c.render_mode, group_reward=c.group_reward)
 
     def default_reward(self) -> Reward:
         terms: list[Any] = [(correct, 0.9), (think_format, 0.1), (InvalidActionPenalty(), 0.1)]

@@ -59,10 +59,11 @@ env and its tools), ``rewards.py`` (the terms), ``oracle.py`` (the scripted refe
 ``text.py`` (reading ReAct steps and observations, shared by the env and the oracle).
 """
 
-from agentgym.envs.react.env import REACT_SYSTEM_PROMPT, ReActEnv
+from agentgym.envs.react.env import REACT_SYSTEM_PROMPT, ReActConfig, ReActEnv
 from agentgym.envs.react.oracle import RELATION_PHRASES, hop_chain
 from agentgym.envs.react.rewards import (DEFAULT_WEIGHTS, TOOL_ACTION_TYPES, ThoughtQuality, ToolEfficiency,
                                          ToolOveruse, WrongAnswer)
 
-__all__ = ["ReActEnv", "REACT_SYSTEM_PROMPT", "DEFAULT_WEIGHTS", "TOOL_ACTION_TYPES", "RELATION_PHRASES", "hop_chain",
+__all__ = ["ReActEnv", "ReActConfig",
+           "REACT_SYSTEM_PROMPT", "DEFAULT_WEIGHTS", "TOOL_ACTION_TYPES", "RELATION_PHRASES", "hop_chain",
            "ToolEfficiency", "ToolOveruse", "ThoughtQuality", "WrongAnswer"]

@@ -5,22 +5,23 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from agentgym import AgentEnv, Reward, Tool, ToolSet, Transition
+from agentgym import AgentEnv, EnvConfig, Reward, Tool, ToolSet, Transition
 from agentgym.parsing import parse_react
 from agentgym.rewards import ExactMatch, InvalidActionPenalty
 from agentgym.envs.calculator import calculator
 from agentgym.envs.searchqa.data import bundled_dataset, bundled_questions, split_title
 from agentgym.splits import check_split
-from agentgym.envs.retrieval.base import format_passages
-from agentgym.envs.retrieval.shared import get_retriever
+from agentgym.envs.services.retrieval.base import format_passages
+from agentgym.envs.services.retrieval.shared import get_retriever
 
 from .oracle import hop_chain, solve
 from .rewards import DEFAULT_WEIGHTS, TOOL_ACTION_TYPES, ThoughtQuality, ToolEfficiency, ToolOveruse, WrongAnswer
 from .text import OBS, plain_input, tool_name
 
-__all__ = ["ReActEnv", "REACT_SYSTEM_PROMPT"]
+__all__ = ["ReActEnv", "ReActConfig", "REACT_SYSTEM_PROMPT"]
 
 REACT_SYSTEM_PROMPT = """\
 You answer questions about a fictional world by reasoning and using tools, one step per reply.
@@ -57,55 +58,60 @@ _QUESTION_TYPES = ("single_hop", "multi_hop", "no_search")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
-class ReActEnv(AgentEnv):
-    """Multi-hop question answering in the ReAct format with search, lookup and calculator tools.
+@dataclass
+class ReActConfig(EnvConfig):
+    """The settings of ``ReAct-v0``."""
+    split: str = field(default="train", metadata={
+        "help": "train, validation or test questions of the bundled world (disjoint by subject entity)"})
+    retriever: Any = field(default="dense", metadata={
+        "help": "dense (in-process, shared with SearchQA-v0), bm25, a retrieval-server URL, an index directory, "
+                "or an object with search(queries, topk)"})
+    topk: int = field(default=3, metadata={"help": "passages per search"})
+    question_types: Sequence[str] = field(default=("multi_hop", "single_hop"), metadata={
+        "help": "which bundled question types to ask (multi_hop, single_hop, no_search)"})
+    single_hop_fraction: float = field(default=0.25, metadata={
+        "help": "share of single-hop questions among the tasks, in [0, 1) (all multi-hop ones are kept)"})
+    few_tool_calls: int = field(default=3, metadata={"help": "threshold of the tool_efficiency term"})
+    many_tool_calls: int = field(default=5, metadata={"help": "threshold of the tool_overuse term"})
+    world_seed: int = field(default=0, metadata={"help": "the bundled world's seed (as SearchQA-v0)"})
+    world_size: str | int = field(default="small", metadata={"help": "the bundled world's size (as SearchQA-v0)"})
+    extra_tools: ToolSet | None = field(default=None, metadata={
+        "help": "more tools beside search, lookup and calculator (a ToolSet, e.g. ToolSet.from_mcp(...)), listed in "
+                "the system prompt; Action Input is a JSON object of arguments; the caller closes them"})
 
-    Args:
-        split: ``"train"``, ``"validation"`` or ``"test"`` questions of the bundled world (disjoint by subject
-            entity).
-        retriever: ``"dense"`` (default, in-process, shared with ``SearchQA-v0``), ``"bm25"``, a
-            retrieval-server URL, an index directory, or an object with ``search(queries, topk)``.
-        topk: passages per search.
-        question_types: which bundled question types to ask (``multi_hop``, ``single_hop``,
-            ``no_search``).
-        single_hop_fraction: the share of single-hop questions among the tasks (all multi-hop
-            questions are kept; single-hop ones are added in dataset order up to this share).
-        few_tool_calls / many_tool_calls: thresholds of ``tool_efficiency`` / ``tool_overuse``.
-        world_seed, world_size: the bundled world (as ``SearchQA-v0``).
-        max_turns: steps before the episode is truncated.
-        reward: a custom :class:`~agentgym.Reward` or new weights for ``DEFAULT_WEIGHTS``' terms.
-        extra_tools: more tools beside search, lookup and calculator (a user's :class:`~agentgym.ToolSet`,
-            e.g. ``ToolSet.from_mcp(...)``), listed in the system prompt. Their Action Input is a JSON object
-            of arguments, or plain text for a tool with one argument. The env does not own them: the caller
-            closes them.
-    """
+    def __post_init__(self) -> None:
+        check_split(self.split)
+        if self.topk < 1:
+            raise ValueError(f"topk must be >= 1, got {self.topk}")
+        unknown = set(self.question_types) - set(_QUESTION_TYPES)
+        if unknown or not self.question_types:
+            raise ValueError(f"question_types must be a non-empty subset of {_QUESTION_TYPES}, "
+                             f"got {self.question_types!r}")
+        if not 0.0 <= self.single_hop_fraction < 1.0:
+            raise ValueError(f"single_hop_fraction must be in [0, 1), got {self.single_hop_fraction}")
+        if not 0 <= self.few_tool_calls <= self.many_tool_calls:
+            raise ValueError("need 0 <= few_tool_calls <= many_tool_calls")
+
+
+class ReActEnv(AgentEnv):
+    """Multi-hop question answering in the ReAct format with search, lookup and calculator tools; settings:
+    :class:`ReActConfig` (reward weights: ``DEFAULT_WEIGHTS``)."""
 
     stop_strings = ("\nObservation:",)
     observation_style = "chat"
     tool_action_types = TOOL_ACTION_TYPES
+    config_class = ReActConfig
 
-    def __init__(self, split: str = "train", retriever: Any = "dense", topk: int = 3,
-                 question_types: Sequence[str] = ("multi_hop", "single_hop"), single_hop_fraction: float = 0.25,
-                 few_tool_calls: int = 3, many_tool_calls: int = 5, world_seed: int = 0,
-                 world_size: str | int = "small", max_turns: int = 8,
-                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
-                 group_reward: Any = None, extra_tools: ToolSet | None = None):
-        check_split(split)
-        if topk < 1:
-            raise ValueError(f"topk must be >= 1, got {topk}")
-        unknown = set(question_types) - set(_QUESTION_TYPES)
-        if unknown or not question_types:
-            raise ValueError(f"question_types must be a non-empty subset of {_QUESTION_TYPES}, got {question_types!r}")
-        if not 0.0 <= single_hop_fraction < 1.0:
-            raise ValueError(f"single_hop_fraction must be in [0, 1), got {single_hop_fraction}")
-        if not 0 <= few_tool_calls <= many_tool_calls:
-            raise ValueError("need 0 <= few_tool_calls <= many_tool_calls")
+    def __init__(self, config: ReActConfig | None = None, **settings: Any):
+        c = self.config = self.config_class.build(config, settings)
+        split, topk, world_seed, world_size, extra_tools = c.split, c.topk, c.world_seed, c.world_size, c.extra_tools
+        few_tool_calls, many_tool_calls, retriever = c.few_tool_calls, c.many_tool_calls, c.retriever
         self.split, self.topk = split, int(topk)
         self.few_tool_calls, self.many_tool_calls = int(few_tool_calls), int(many_tool_calls)
         self.world_seed, self.world_size = world_seed, world_size
         self.corpus = bundled_dataset(seed=world_seed, size=world_size)[0]
         questions = bundled_questions(split, seed=world_seed, size=world_size)
-        self.questions = self._select(questions, tuple(question_types), single_hop_fraction)
+        self.questions = self._select(questions, tuple(c.question_types), c.single_hop_fraction)
         if not self.questions:
             raise ValueError("no questions match question_types / single_hop_fraction")
         self.num_tasks = len(self.questions)
@@ -134,7 +140,8 @@ class ReActEnv(AgentEnv):
         self._page: list[tuple[str, str]] = []  # (title, sentence) of the last search's passages
         self._lookup_state: tuple[str, int] | None = None  # (keyword, results shown)
         self._last_hits: list[Any] = []
-        super().__init__(reward=reward, max_turns=max_turns, render_mode=render_mode, group_reward=group_reward)
+        super().__init__(reward=c.reward, max_turns=c.max_turns, max_action_chars=c.max_action_chars,
+                         render_mode=c.render_mode, group_reward=c.group_reward)
 
     @staticmethod
     def _select(rows: list[dict], types: tuple[str, ...], single_hop_fraction: float) -> list[dict]:

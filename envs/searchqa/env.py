@@ -14,21 +14,23 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import gymnasium as gym
 import numpy as np
 
-from agentgym import AgentEnv, Reward, Tool, ToolSet, Transition
+from agentgym import AgentEnv, EnvConfig, Reward, Tool, ToolSet, Transition
 from agentgym.parsing import TagMatch, first_tag, last_tag_content, parse_tool_calls
 from agentgym.rewards import CallCost, InvalidActionPenalty, TokenF1, gold_answers
 from agentgym.splits import check_split
-from agentgym.envs.retrieval.base import format_passages
-from agentgym.envs.retrieval.shared import get_retriever
+from agentgym.envs.services.retrieval.base import format_passages
+from agentgym.envs.services.retrieval.shared import get_retriever
 from agentgym.envs.searchqa.rewards import DEFAULT_WEIGHTS, SearchR1FormatReward, _gold_in, useful_search
 from agentgym.envs.searchqa.scoring import SCORERS, SearchR1Score, score_search_r1, search_r1_action, search_r1_cut
 
-__all__ = ["SearchQAEnv", "SEARCH_R1_PROMPT", "SEARCH_R1_INVALID", "make_search_r1_prompt", "MaskRetrievedTokens",
+__all__ = ["SearchQAEnv", "SearchQAConfig",
+           "SEARCH_R1_PROMPT", "SEARCH_R1_INVALID", "make_search_r1_prompt", "MaskRetrievedTokens",
            "RETRIEVAL_MODES", "NO_SEARCH_PROMPT", "RAG_PROMPT", "ANSWER_ONLY_INVALID", "PROMPT_SOURCES"]
 
 # Search-R1 `make_prefix`, template "base" (scripts/data_process/nq_search.py): exact text, including
@@ -103,81 +105,97 @@ def _share_hash(key: str) -> float:
 
 
 # ----------------------------------------------------------------------------- env
-class SearchQAEnv(AgentEnv):
-    """Answer questions, searching a corpus when needed.
+@dataclass
+class SearchQAConfig(EnvConfig):
+    """The settings of ``SearchQA-v0``.
 
-    Args:
-        protocol: ``"search_r1"`` (tags, continuation style, Search-R1 rules) or ``"chat"`` (a JSON
-            ``search`` tool in chat turns).
-        split: ``"train"``, ``"validation"`` or ``"test"`` questions of the bundled world (disjoint,
-            deduplicated: :mod:`agentgym.splits`).
-        retriever: ``"dense"`` (default, in-process MiniLM + faiss), ``"bm25"``, ``"http://host:port"``
-            (a Search-R1-protocol server), an index directory, or a retriever object.
-        topk: passages per search (Search-R1: 3).
-        max_turns: search turns (Search-R1 scripts: 4). With ``forced_answer`` one more turn follows in
-            which a search is not executed (Search-R1's final rollout with ``do_search=False``).
-        data: ``None`` (bundled world, ``world_seed``, ``world_size``), or a dict with ``questions``
-            (Search-R1 parquet path or list of rows) and ``corpus`` (jsonl path or list of docs). ``corpus``
-            may be left out when ``retriever`` is a server URL, an index directory or an object (the index
-            already holds the passages; loading wiki-18 into every env would cost gigabytes).
-        reward: weights for the terms in ``DEFAULT_WEIGHTS`` or a custom Reward.
-        retrieval: ``"agentic"`` (default: Search-R1, the policy decides when to search), or a baseline
-            with ``protocol="search_r1"``: ``"none"`` (answer without retrieval; ``NO_SEARCH_PROMPT``) or
-            ``"rag"`` (the ``topk`` passages retrieved for the question are in the prompt;
-            ``RAG_PROMPT``). The baselines accept only ``<answer>``; anything else is invalid
-            (``ANSWER_ONLY_INVALID``) until ``max_turns`` (use ``max_turns=1, forced_answer=False`` for one
-            generation, as Search-R1's baselines).
-        prompt: ``"auto"`` (default): rows written by Search-R1's scripts (``nq_search.py``, ``nq.py``,
-            ``nq_rag.py``, the merge scripts) get their parquet ``prompt`` messages as they are, as
-            Search-R1's trainer feeds them; the bundled world, question-only rows and our own parquets get
-            the built template. ``"parquet"``: always the column (every row must have one);
-            ``"template"``: always the built one. With a parquet prompt, ``retrieval="rag"`` retrieves
-            nothing at reset (``nq_rag.py``'s prompt already holds the passages).
-        scorer: one of ``SCORERS``: ``"em"`` (default), ``"subem"``, ``"qa_em"``/``"qa_subem"``
-            (Search-R1's whole-sequence scoring, quirk included; see :func:`score_search_r1`).
-        stop_at_answer: ``False`` (default): generation stops at ``</search>`` only and the env cuts the
-            rest by Search-R1's rule (:func:`search_r1_cut`); ``True`` also stops at ``</answer>``, which is
-            faster but not Search-R1's rule (a ``</search>`` after an ``</answer>`` is never generated).
-        oracle_two_hop: the share, in [0, 1], of multi-hop tasks on which :meth:`oracle` searches hop by
-            hop (the question, then the bridge entity it names) instead of once with the whole question;
-            the tasks are picked by a hash of their id, so the same ones every run. ``0`` (default): the
-            one-search oracle everywhere; ``1``: hop by hop on every multi-hop task whose gold passages are
-            in the corpus (the bridge is the title of the second hop's passage: the bundled world's tasks,
-            and any rows with ``gold_doc_ids`` over a Search-R1-format corpus). An SFT set with a small share leaves RL room to learn the
-            second search (Search-R1 in a box v2).
+    ``data``: ``None`` is the bundled world (``world_seed``, ``world_size``); a dict has ``questions`` (a
+    Search-R1 parquet path or a list of rows) and ``corpus`` (a jsonl path or a list of docs). ``corpus`` may
+    be left out when ``retriever`` is a server URL, an index directory or an object (the index already holds
+    the passages; loading wiki-18 into every env would cost gigabytes).
+
+    ``retrieval``: ``"agentic"`` is Search-R1 (the policy decides when to search); the baselines of
+    ``protocol="search_r1"`` are ``"none"`` (answer without retrieval; ``NO_SEARCH_PROMPT``) and ``"rag"`` (the
+    ``topk`` passages for the question are in the prompt; ``RAG_PROMPT``). They accept only ``<answer>``;
+    anything else is invalid (``ANSWER_ONLY_INVALID``) until ``max_turns`` (``max_turns=1,
+    forced_answer=False`` is one generation, as Search-R1's baselines).
+
+    ``prompt``: ``"auto"`` gives rows written by Search-R1's scripts (``nq_search.py``, ``nq.py``,
+    ``nq_rag.py``, the merge scripts) their parquet ``prompt`` messages as they are, as Search-R1's trainer
+    feeds them, and the built template to the bundled world, question-only rows and our own parquets;
+    ``"parquet"`` always the column (every row must have one); ``"template"`` always the built one. With a
+    parquet prompt, ``retrieval="rag"`` retrieves nothing at reset (``nq_rag.py``'s prompt holds the passages).
+
+    ``oracle_two_hop``: the tasks are picked by a hash of their id, so the same ones every run; at ``1`` the
+    oracle goes hop by hop on every multi-hop task whose gold passages are in the corpus (the bridge is the
+    title of the second hop's passage: the bundled world's tasks, and rows with ``gold_doc_ids`` over a
+    Search-R1-format corpus). An SFT set with a small share leaves RL room to learn the second search.
     """
+    protocol: str = field(default="search_r1", metadata={
+        "help": "search_r1 (tags, continuation style, Search-R1 rules) or chat (a JSON search tool in chat turns)"})
+    split: str = field(default="train", metadata={
+        "help": "train, validation or test questions of the bundled world (disjoint, deduplicated)"})
+    retriever: Any = field(default="dense", metadata={
+        "help": "dense (in-process MiniLM + faiss), bm25, http://host:port (a Search-R1-protocol server), an "
+                "index directory, or a retriever object"})
+    topk: int = field(default=3, metadata={"help": "passages per search (Search-R1: 3)."})
+    max_turns: int = field(default=4, metadata={
+        "help": "search turns (Search-R1 scripts: 4); with forced_answer one more turn follows"})
+    forced_answer: bool = field(default=True, metadata={
+        "help": "after max_turns, one more turn in which a search is not executed (Search-R1's do_search=False)"})
+    data: Mapping[str, Any] | None = field(default=None, metadata={
+        "help": "null: the bundled world; or {questions: parquet path or rows, corpus: jsonl path or docs}"})
+    world_seed: int = field(default=0, metadata={"help": "the bundled world's seed"})
+    world_size: str | int = field(default="small", metadata={"help": "the bundled world's size (a name or a number)"})
+    retrieval: str = field(default="agentic", metadata={
+        "help": "agentic (Search-R1), or a search_r1 baseline: none (no retrieval) or rag (passages in the prompt)"})
+    prompt: str = field(default="auto", metadata={
+        "help": "auto (a Search-R1 parquet's prompt column where its scripts wrote one, else the template), "
+                "parquet or template"})
+    scorer: str = field(default="em", metadata={
+        "help": f"one of {', '.join(SCORERS)} (qa_*: Search-R1's whole-sequence scoring, quirk included)"})
+    stop_at_answer: bool = field(default=False, metadata={
+        "help": "also stop generating at </answer>: faster, but not Search-R1's rule (the env cuts the reply "
+                "after the first </search>, else </answer>)"})
+    oracle_two_hop: float = field(default=0.0, metadata={
+        "help": "share, in [0, 1], of multi-hop tasks on which oracle() searches hop by hop, not once"})
+
+    def __post_init__(self) -> None:
+        if self.protocol not in ("search_r1", "chat"):
+            raise ValueError(f"protocol must be 'search_r1' or 'chat', got {self.protocol!r}")
+        if self.retrieval not in RETRIEVAL_MODES:
+            raise ValueError(f"retrieval must be one of {RETRIEVAL_MODES}, got {self.retrieval!r}")
+        if self.retrieval != "agentic" and self.protocol != "search_r1":
+            raise ValueError(f"retrieval={self.retrieval!r} is a baseline of protocol='search_r1'")
+        check_split(self.split)
+        if self.topk < 1:
+            raise ValueError(f"topk must be >= 1, got {self.topk}")
+        if self.prompt not in PROMPT_SOURCES:
+            raise ValueError(f"prompt must be one of {PROMPT_SOURCES}, got {self.prompt!r}")
+        if self.prompt == "parquet" and self.protocol != "search_r1":
+            raise ValueError("prompt='parquet' applies to protocol='search_r1'")
+        if self.scorer not in SCORERS:
+            raise ValueError(f"scorer must be one of {SCORERS}, got {self.scorer!r}")
+        if isinstance(self.oracle_two_hop, bool) or not isinstance(self.oracle_two_hop, (int, float)) \
+                or not 0.0 <= self.oracle_two_hop <= 1.0:
+            raise ValueError(f"oracle_two_hop must be a number in [0, 1], got {self.oracle_two_hop!r}")
+
+
+class SearchQAEnv(AgentEnv):
+    """Answer questions, searching a corpus when needed; settings: :class:`SearchQAConfig`."""
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
     tool_action_types = ("search",)
+    config_class = SearchQAConfig
 
-    def __init__(self, protocol: str = "search_r1", split: str = "train", retriever: Any = "dense", topk: int = 3,
-                 max_turns: int = 4, forced_answer: bool = True, data: Mapping[str, Any] | None = None,
-                 world_seed: int = 0, world_size: str | int = "small",
-                 reward: Reward | Mapping[str, float] | None = None, render_mode: str | None = None,
-                 retrieval: str = "agentic", group_reward: Any = None, prompt: str = "auto", scorer: str = "em",
-                 stop_at_answer: bool = False, oracle_two_hop: float = 0.0):
-        if protocol not in ("search_r1", "chat"):
-            raise ValueError(f"protocol must be 'search_r1' or 'chat', got {protocol!r}")
-        if retrieval not in RETRIEVAL_MODES:
-            raise ValueError(f"retrieval must be one of {RETRIEVAL_MODES}, got {retrieval!r}")
-        if retrieval != "agentic" and protocol != "search_r1":
-            raise ValueError(f"retrieval={retrieval!r} is a baseline of protocol='search_r1'")
-        check_split(split)
-        if topk < 1:
-            raise ValueError(f"topk must be >= 1, got {topk}")
-        if prompt not in PROMPT_SOURCES:
-            raise ValueError(f"prompt must be one of {PROMPT_SOURCES}, got {prompt!r}")
-        if prompt == "parquet" and protocol != "search_r1":
-            raise ValueError("prompt='parquet' applies to protocol='search_r1'")
-        if scorer not in SCORERS:
-            raise ValueError(f"scorer must be one of {SCORERS}, got {scorer!r}")
-        if isinstance(oracle_two_hop, bool) or not isinstance(oracle_two_hop, (int, float)) \
-                or not 0.0 <= oracle_two_hop <= 1.0:
-            raise ValueError(f"oracle_two_hop must be a number in [0, 1], got {oracle_two_hop!r}")
-        self.oracle_two_hop = float(oracle_two_hop)
-        self.protocol, self.split, self.topk, self.retrieval = protocol, split, topk, retrieval
-        self.prompt_source, self.scorer = prompt, scorer
-        self.search_turns, self.forced_answer = int(max_turns), bool(forced_answer)
+    def __init__(self, config: SearchQAConfig | None = None, **settings: Any):
+        c = self.config = self.config_class.build(config, settings)
+        protocol, split, retriever, retrieval, prompt = c.protocol, c.split, c.retriever, c.retrieval, c.prompt
+        stop_at_answer = c.stop_at_answer
+        self.oracle_two_hop = float(c.oracle_two_hop)
+        self.protocol, self.split, self.topk, self.retrieval = protocol, split, c.topk, retrieval
+        self.prompt_source, self.scorer = prompt, c.scorer
+        self.search_turns, self.forced_answer = int(c.max_turns), bool(c.forced_answer)
         self.observation_style = "continuation" if protocol == "search_r1" else "chat"
         # Search-R1 samples without stop strings, then cuts each response after the first </search>, else
         # after the first </answer> (search_r1_cut). Stopping at </search> gives the same text (the cut would
@@ -192,7 +210,7 @@ class SearchQAEnv(AgentEnv):
             self.stop_strings, self.cut_after = ("</answer>",), ()
         self._rag_text = ""  # passages put in this episode's prompt (retrieval="rag")
         in_process = retriever in ("dense", "bm25") and retrieval != "none"
-        self.corpus, self.questions, corpus_key = self._load_data(data, split, world_seed, world_size, in_process)
+        self.corpus, self.questions, corpus_key = self._load_data(c.data, split, c.world_seed, c.world_size, in_process)
         self.num_tasks = len(self.questions)
         if prompt == "parquet" and not all(q.get("prompt") for q in self.questions):
             raise ValueError("prompt='parquet' needs every question row to carry a 'prompt' (a Search-R1 parquet)")
@@ -206,8 +224,8 @@ class SearchQAEnv(AgentEnv):
                                    {"type": "object", "properties": {"query": {"type": "string", "minLength": 1}},
                                     "required": ["query"], "additionalProperties": False}, self._search_text)],
                              timeout_s=None)
-        super().__init__(reward=reward, max_turns=self.search_turns + (1 if forced_answer else 0),
-                         render_mode=render_mode, group_reward=group_reward)
+        super().__init__(reward=c.reward, max_turns=self.search_turns + (1 if self.forced_answer else 0),
+                         max_action_chars=c.max_action_chars, render_mode=c.render_mode, group_reward=c.group_reward)
 
     # -- data and retrieval
     @staticmethod
@@ -236,7 +254,7 @@ class SearchQAEnv(AgentEnv):
         return self._retriever
 
     def _search(self, query: str) -> tuple[str, list[Any]]:
-        from agentgym.envs.retrieval.base import Retriever
+        from agentgym.envs.services.retrieval.base import Retriever
         r = self.retriever
         # Search-R1 sends an empty query as it is ("" is posted; its e5 server answers with passages)
         hits = (r.search([query], topk=self.topk, search_empty=self.protocol == "search_r1")[0]

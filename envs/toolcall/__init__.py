@@ -36,7 +36,7 @@ answer checks, the shapers), :mod:`.env` (:class:`ToolCallEnv`) and :mod:`.oracl
 policy). Every public name is importable from ``agentgym.envs.toolcall``.
 """
 
-from .env import ToolCallEnv
+from .env import ToolCallConfig, ToolCallEnv
 from .oracle import oracle
 from .rewards import (DEFAULT_TERMS, answer_numbers, answer_ok, efficiency, format_compliance, format_error, goal_met,
                       redundant_call, task_completion, timing, tool_accuracy, tool_f1, wrong_tool)
@@ -46,7 +46,7 @@ from .tools import (TOOL_NAMES, TOOL_SCHEMAS, TRANSIENT_MARKER, InsufficientStoc
                     ServiceUnavailable, StoreError)
 
 __all__ = [
-    "ToolCallEnv", "RetailStore", "StoreData", "generate_store", "FAMILIES", "TRANSIENT_MARKER",
+    "ToolCallEnv", "ToolCallConfig", "RetailStore", "StoreData", "generate_store", "FAMILIES", "TRANSIENT_MARKER",
     "tool_f1", "answer_numbers",
     # also public (importable here, as before the package split)
     "oracle", "DEFAULT_TERMS", "answer_ok", "goal_met", "task_completion", "tool_accuracy", "efficiency", "timing",

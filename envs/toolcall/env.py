@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from agentgym import AgentEnv, Reward, ToolSet, Transition
+from agentgym import AgentEnv, EnvConfig, Reward, ToolSet, Transition
 from agentgym.parsing import first_tag, parse_tool_calls
 
 from .oracle import oracle as _oracle
@@ -56,22 +57,35 @@ def _describe_tools(tools: ToolSet) -> str:
     return "\n".join(lines)
 
 
-class ToolCallEnv(AgentEnv):
-    """Retail customer support with seven tools over a per-episode SQLite store.
+@dataclass
+class ToolCallConfig(EnvConfig):
+    """The settings of ``ToolCall-v0``."""
+    split: str = field(default="train", metadata={
+        "help": "train, validation or test: disjoint procedural task streams (no task in two splits or twice in one)"})
+    families: Sequence[str] | None = field(default=None, metadata={
+        "help": "task families to draw from; null: all of FAMILIES, at their shares"})
+    transient_rate: float = field(default=0.2, metadata={
+        "help": "share of tool-using tasks whose first call to one plan tool fails with a retryable error, in [0, 1]"})
+    max_turns: int = field(default=10, metadata={"help": "turns before the episode is truncated (the timeout penalty)"})
+    tools_in_prompt: bool = field(default=True, metadata={
+        "help": "also list the tools in the system prompt (for chat templates without tools= support)"})
+    extra_tools: ToolSet | None = field(default=None, metadata={
+        "help": "more tools beside the shop's (a ToolSet, e.g. ToolSet.from_mcp(...)), never in a task's plan; "
+                "the caller closes them"})
 
-    Args:
-        split: ``"train"``, ``"validation"`` or ``"test"``: disjoint procedural task streams (no task, i.e. shop
-            facts and request, in two splits or twice in one; see :mod:`agentgym.envs.toolcall.tasks`).
-        families: task families to draw from (default: all of :data:`FAMILIES`, at their shares).
-        transient_rate: share of tool-using tasks whose first call to one plan tool fails with a
-            retryable "temporarily unavailable" error.
-        max_turns: turns before the episode is truncated (the ``timeout`` penalty).
-        reward: a custom :class:`~agentgym.Reward` or new weights for the default terms.
-        tools_in_prompt: also list the tools in the system prompt (for chat templates without
-            ``tools=`` support, e.g. SmolLM2's); turn off when the template renders ``tool_specs()``.
-        extra_tools: more tools the agent may call beside the shop's (a user's :class:`~agentgym.ToolSet`,
-            e.g. ``ToolSet.from_mcp(...)``); listed in the prompt and ``tool_specs()``, never in a task's
-            plan. The env does not own them: the caller closes them.
+    def __post_init__(self) -> None:
+        check_split(self.split)
+        families = list(FAMILIES) if self.families is None else list(self.families)
+        unknown = set(families) - set(FAMILIES)
+        if unknown or not families:
+            raise ValueError(f"families must be a non-empty subset of {sorted(FAMILIES)}; unknown: {sorted(unknown)}")
+        if not 0.0 <= self.transient_rate <= 1.0:
+            raise ValueError(f"transient_rate must be in [0, 1], got {self.transient_rate}")
+
+
+class ToolCallEnv(AgentEnv):
+    """Retail customer support with seven tools over a per-episode SQLite store; settings:
+    :class:`ToolCallConfig`.
 
     ``info`` of a tool step: ``tool``, ``tool_ok``, ``tool_error``, ``transient``, ``in_target``,
     ``redundant``, ``args_ok``, ``timely``, ``well_formed``; of the answer step: ``db_ok``,
@@ -82,20 +96,14 @@ class ToolCallEnv(AgentEnv):
     stop_strings = ("</tool_call>", "</answer>")
     num_tasks = None
     tool_action_types = ("tool_call",)
+    config_class = ToolCallConfig
 
-    def __init__(self, split: str = "train", families: Sequence[str] | None = None, transient_rate: float = 0.2,
-                 max_turns: int = 10, reward: Reward | Mapping[str, float] | None = None,
-                 tools_in_prompt: bool = True, max_action_chars: int = 16_384, render_mode: str | None = None,
-                 group_reward: Any = None, extra_tools: ToolSet | None = None):
-        check_split(split)
-        families = list(FAMILIES) if families is None else list(families)
-        unknown = set(families) - set(FAMILIES)
-        if unknown or not families:
-            raise ValueError(f"families must be a non-empty subset of {sorted(FAMILIES)}; unknown: {sorted(unknown)}")
-        if not 0.0 <= transient_rate <= 1.0:
-            raise ValueError(f"transient_rate must be in [0, 1], got {transient_rate}")
-        self.split, self.transient_rate, self.tools_in_prompt = split, float(transient_rate), bool(tools_in_prompt)
-        self.families = families
+    def __init__(self, config: ToolCallConfig | None = None, **settings: Any):
+        c = self.config = self.config_class.build(config, settings)
+        self.split, self.transient_rate = c.split, float(c.transient_rate)
+        self.tools_in_prompt = bool(c.tools_in_prompt)
+        self.families = list(FAMILIES) if c.families is None else list(c.families)
+        extra_tools = c.extra_tools
         self.store = RetailStore()
         self.tools = ToolSet(self.store.tools(), timeout_s=None)  # SQLite calls are fast: no worker thread
         self.extra_tools = extra_tools
@@ -104,8 +112,8 @@ class ToolCallEnv(AgentEnv):
             raise ValueError(f"extra_tools must not reuse the shop's tool names: {sorted(clash)}")
         self._calls: list[dict[str, Any]] = []
         self._success = False
-        super().__init__(reward=reward, max_turns=max_turns, max_action_chars=max_action_chars, render_mode=render_mode,
-                         group_reward=group_reward)
+        super().__init__(reward=c.reward, max_turns=c.max_turns, max_action_chars=c.max_action_chars,
+                         render_mode=c.render_mode, group_reward=c.group_reward)
 
     # ------------------------------------------------------------------ tasks
     def default_reward(self) -> Reward:

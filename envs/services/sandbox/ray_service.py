@@ -1,7 +1,7 @@
 """One sandbox per node for env actors on Ray (``RolloutConfig(env_backend="ray")``).
 
 Env actors do not start sandboxes (a Docker pool, bwrap runners) of their own. In an env actor
-(:func:`agentgym.ray_envs.node_services_wanted`), :func:`~agentgym.envs.sandbox.resolve_sandbox` hands out
+(:func:`agentgym.ray_envs.node_services_wanted`), :func:`~agentgym.envs.services.sandbox.resolve_sandbox` hands out
 a :class:`NodeSandbox`: a proxy whose ``run`` / ``run_batch`` calls go to the node's
 :class:`SandboxService`, a named detached actor pinned to that node (started by the first env actor
 that runs code, through :func:`agentgym.ray_envs.node_service`). The service's one warm pool serves

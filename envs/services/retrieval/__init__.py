@@ -1,6 +1,7 @@
 """Retrievers for search environments: dense (sentence-transformers + faiss), BM25 (bm25s), and a
-client/server pair speaking Search-R1's ``/retrieve`` protocol; :func:`get_retriever` resolves an env's
-``retriever=`` argument and shares one instance per process.
+client/server pair speaking Search-R1's ``/retrieve`` protocol (served in the background by the kernel's
+:class:`agentgym.http_server.BackgroundServer`); :func:`get_retriever` resolves an env's ``retriever=``
+argument and shares one instance per process.
 
 Heavy modules (torch, faiss, bm25s, fastapi) load on first use of a name that needs them, so an
 env that only takes a ``Retriever`` does not pay for them at import.
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from .dense import DenseRetriever, default_model_path, shared_encoder
     from .prebuilt import SearchR1IndexRetriever
     from .remote import RemoteRetriever
-    from .server import DEFAULT_MAX_REQUEST_BYTES, BackgroundServer, ServerBindError, bind_socket, create_app, serve
+    from .server import DEFAULT_MAX_REQUEST_BYTES, create_app, serve
     from .sparse import BM25Retriever
 
 _LAZY = {
@@ -32,10 +33,7 @@ _LAZY = {
     "SearchR1IndexRetriever": ".prebuilt",
     "create_app": ".server",
     "serve": ".server",
-    "BackgroundServer": ".server",
-    "ServerBindError": ".server",
     "DEFAULT_MAX_REQUEST_BYTES": ".server",
-    "bind_socket": ".server",
 }
 
 __all__ = [

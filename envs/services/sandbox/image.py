@@ -12,7 +12,7 @@ Two ways, because CI and many clusters cannot reach an image registry:
 
 ``method="auto"``: a cached rootfs if there is one, else debootstrap when possible, else pull.
 The image needs ``python3``, ``bash``, ``tar`` and ``timeout`` and no user entry: containers
-run as uid 65534. Run as ``python -m agentgym.envs.sandbox.image`` (or this file directly:
+run as uid 65534. Run as ``python -m agentgym.envs.services.sandbox.image`` (or this file directly:
 it imports nothing from agentgym, so setup scripts can call it before anything else works).
 """
 from __future__ import annotations
@@ -192,7 +192,7 @@ def build_image(tag: str = DEFAULT_IMAGE, method: Method = "auto", *,
 
 def build_command(tag: str, method: str, *, if_missing: bool, rebuild_rootfs: bool) -> int:
     """The ``build-image`` command's body (exit code), shared by this module's ``main`` and
-    ``python -m agentgym.envs.sandbox``."""
+    ``python -m agentgym.envs.services.sandbox``."""
     try:
         if if_missing and image_exists(tag):
             print(f"[image] {tag} already present")

@@ -1,6 +1,6 @@
 """Sandboxes that run model-written Python: one interface, three backends, fail closed.
 
->>> from agentgym.envs.sandbox import best_sandbox
+>>> from agentgym.envs.services.sandbox import best_sandbox
 >>> with best_sandbox() as sb:                 # docker, else bwrap; logged
 ...     r = sb.run("print(input()[::-1])", stdin="abc", time_limit_s=2)
 >>> r.stdout, r.exit_code, sb.name

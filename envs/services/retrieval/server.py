@@ -25,8 +25,9 @@ for seconds. The rest of such a body is read and discarded (up to max(64 MiB, 16
 5 s) before the reply, so that a client which sends its whole body before reading gets the 413
 rather than a connection reset (:class:`BodySizeLimit` says why). A 422 lists at most
 ``_MAX_ERRORS`` errors as ``{"loc", "msg", "type"}`` without FastAPI's ``input`` field, so an
-invalid 50 KB body is not echoed back. :func:`bind_socket` reserves the port before anything slow
-happens, so "port in use" is one error, not a traceback after start-up.
+invalid 50 KB body is not echoed back. :func:`agentgym.http_server.bind_socket` reserves the port before
+anything slow happens, so "port in use" is one error, not a traceback after start-up; tests and
+benchmarks serve in a background thread with :class:`agentgym.http_server.BackgroundServer`.
 
 Concurrency. One worker thread owns the retriever: HF fast tokenizers are not safe to drive from
 many threads, any user-supplied ``Retriever`` then needs no locking of its own, and batching is
@@ -39,13 +40,11 @@ The event loop never blocks on retrieval, so ``/health`` stays responsive during
 
 import asyncio
 import concurrent.futures
-import errno
 import json
 import logging
 import queue
 import socket
 import threading
-import time
 from collections import defaultdict
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -56,6 +55,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from agentgym.http_server import bind_socket
 
 from .base import DEFAULT_TOPK, Hit, Retriever
 
@@ -393,27 +394,6 @@ def _add_routes(app: FastAPI, request_model: type[BaseModel], worker: BatchingWo
         }
 
 
-class ServerBindError(OSError):
-    """The address to serve on is in use or cannot be bound; the message says which and what to do."""
-
-
-def bind_socket(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
-    """A listening socket on ``host:port`` (``port=0``: a free one), or :class:`ServerBindError`.
-
-    Binding first, before an index is loaded or a line is printed, makes "port in use" the first and
-    only thing a user sees when it happens.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        return socket.create_server((host, port), family=family)
-    except OSError as e:
-        why = ("the port is in use; stop the other server or choose another port (--port)"
-               if e.errno == errno.EADDRINUSE else (e.strerror or str(e)))
-        err = ServerBindError(f"cannot serve on {host}:{port}: {why}")
-        err.errno = e.errno
-        raise err from None
-
-
 def serve(
     retriever: Retriever,
     host: str = "127.0.0.1",
@@ -426,10 +406,12 @@ def serve(
     log_level: str = "info",
     sock: socket.socket | None = None,
 ) -> None:
-    """Run the server in the foreground on ``sock`` (from :func:`bind_socket`) or on ``host:port``.
+    """Run the server in the foreground on ``sock`` (from :func:`~agentgym.http_server.bind_socket`) or on
+    ``host:port``.
 
     Loopback by default: exposing an index to the network (e.g. ``host="0.0.0.0"`` for multi-node
-    training) should be a deliberate choice. Raises :class:`ServerBindError` when it cannot bind.
+    training) should be a deliberate choice. Raises :class:`~agentgym.http_server.ServerBindError` when it
+    cannot bind.
     """
     app = create_app(retriever, max_topk, max_queries, default_topk=default_topk,
                      max_request_bytes=max_request_bytes)
@@ -438,63 +420,3 @@ def serve(
         uvicorn.Server(uvicorn.Config(app, log_level=log_level)).run(sockets=[sock])
     finally:
         sock.close()
-
-
-class BackgroundServer:
-    """uvicorn in a daemon thread on a pre-bound socket (``port=0`` = a free port, no race).
-
-    For tests, benchmarks and single-process training runs that want a real HTTP retriever.
-    ``start``/``stop`` are bounded by timeouts and raise rather than hang.
-    """
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 30.0) -> None:
-        self.app = app
-        self.host = host
-        self.port = port
-        self.start_timeout_s = start_timeout_s
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._sock: socket.socket | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> str:
-        sock = bind_socket(self.host, self.port)
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
-        self._server, self._sock = uvicorn.Server(config), sock
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + self.start_timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive():
-                raise RuntimeError(f"retrieval server on {self.url} exited during start-up")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"retrieval server on {self.url} did not start in {self.start_timeout_s}s")
-            time.sleep(0.01)
-        return self.url
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        if self._server is None or self._thread is None:
-            return
-        self._server.should_exit = True
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            self._server.force_exit = True
-            self._thread.join(timeout_s)
-        if self._sock is not None:
-            self._sock.close()
-        alive = self._thread.is_alive()
-        self._server = self._thread = self._sock = None
-        if alive:
-            raise TimeoutError(f"retrieval server on {self.url} did not stop in {2 * timeout_s}s")
-
-    def __enter__(self) -> "BackgroundServer":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -1,4 +1,4 @@
-"""``agentgym sandbox {build-image,status}`` (also ``python -m agentgym.envs.sandbox ...``)."""
+"""``agentgym sandbox {build-image,status}`` (also ``python -m agentgym.envs.services.sandbox ...``)."""
 from __future__ import annotations
 
 import argparse

@@ -26,13 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .runner import BOOT
+from .runner import BOOT, RUNNER_PARTS
 from .base import (ExecResult, Job, Sandbox, SandboxError, DEFAULT_MAX_OUTPUT_BYTES, batch_job_kwargs,
                    looks_like_oom, make_job)
 
 log = logging.getLogger("agentgym.sandbox")
 
-RUNNER_SOURCE = Path(__file__).with_name("runner.py").read_text(encoding="utf-8")
+#: The runner program (runner_job.py, then runner.py): one ``-c`` source, since the sandbox has nothing to import.
+RUNNER_SOURCE = "\n".join(Path(__file__).with_name(name).read_text(encoding="utf-8") for name in RUNNER_PARTS)
 #: Standard-library modules the runners import once and every job inherits already imported (a
 #: job's own module of the same name in its work dir does not shadow these, unlike a bare python).
 PRELOAD = ("unittest", "json", "re", "collections", "math", "itertools", "functools", "heapq", "bisect",

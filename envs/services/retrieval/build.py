@@ -36,18 +36,9 @@ def build_index(
     """Index a Search-R1 jsonl corpus (path, ``.jsonl.gz`` too, or an iterable of docs) into ``out_dir``
     and return the ready retriever. Refuses to replace an existing index unless ``overwrite``:
     a wiki-scale index takes hours to rebuild."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    if kind not in ("dense", "bm25"):
-        raise ValueError(f"kind must be 'dense' or 'bm25', got {kind!r}")
-    if kind == "bm25":          # said before the corpus is read, not after
-        dense_only = {"model": model, "query_prefix": query_prefix, "passage_prefix": passage_prefix}
-        given = [k for k, v in dense_only.items() if v is not None] + (["index_type"] if index_type != "flat" else [])
-        if given:
-            raise ValueError(f"{', '.join(given)} only apply to kind='dense'")
     out = Path(out_dir)
-    if (out / META_FILE).exists() and not overwrite:
-        raise FileExistsError(f"{out} already holds an index; pass overwrite=True to replace it")
+    _check_request(out, kind, batch_size, overwrite, model=model, query_prefix=query_prefix,
+                   passage_prefix=passage_prefix, index_type=index_type)
     with _made_for_the_build(out):    # checked writable before the corpus is read and encoded (hours at
         # wiki scale), not after; a build that fails leaves no empty folder behind
         docs = _read_corpus(corpus, show_progress)
@@ -55,24 +46,31 @@ def build_index(
         if kind == "dense":
             from .dense import DenseRetriever
 
-            retriever = DenseRetriever(
-                model,
-                device=device,
-                query_prefix=query_prefix,
-                passage_prefix=passage_prefix,
-                index_type=index_type,
-                hnsw_m=hnsw_m,
-                ef_construction=ef_construction,
-                ef_search=ef_search,
-                nlist=nlist,
-                nprobe=nprobe,
-            ).build(docs, batch_size=batch_size, show_progress=show_progress)
+            retriever = DenseRetriever(model, device=device, query_prefix=query_prefix, passage_prefix=passage_prefix,
+                                       index_type=index_type, hnsw_m=hnsw_m, ef_construction=ef_construction,
+                                       ef_search=ef_search, nlist=nlist, nprobe=nprobe)
+            retriever.build(docs, batch_size=batch_size, show_progress=show_progress)
         else:
             from .sparse import BM25Retriever
 
             retriever = BM25Retriever(stopwords=stopwords, k1=k1, b=b).build(docs, show_progress=show_progress)
         retriever.save(out)
     return retriever
+
+
+def _check_request(out: Path, kind: str, batch_size: Any, overwrite: bool, **dense_only: Any) -> None:
+    """Everything a build refuses, said before the corpus is read (minutes to hours), not after: a bad
+    ``kind`` or ``batch_size``, dense-only settings given for BM25, an index already in ``out``."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if kind not in ("dense", "bm25"):
+        raise ValueError(f"kind must be 'dense' or 'bm25', got {kind!r}")
+    if kind == "bm25":
+        given = [k for k, v in dense_only.items() if v is not None and (k != "index_type" or v != "flat")]
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply to kind='dense'")
+    if (out / META_FILE).exists() and not overwrite:
+        raise FileExistsError(f"{out} already holds an index; pass overwrite=True to replace it")
 
 
 @contextmanager
