@@ -58,7 +58,10 @@ def served():
     :func:`test_sigint_closes_sessions_and_openenv_v0_sees_an_infra_error` (or here, as a fallback)."""
     proc = subprocess.Popen([sys.executable, "-m", "agentgym", "serve", "Arithmetic-v0", "--port", "0",
                              "--max-sessions", str(MAX_SESSIONS), f"max_turns={MAX_TURNS}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as from a terminal: a suite started in the background (nohup, `&`) passes SIGINT
+                            # on ignored, and Python then never turns Ctrl-C into KeyboardInterrupt (exit 130)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     ready, _, _ = select.select([proc.stdout], [], [], 120)
     line = proc.stdout.readline() if ready else ""
     m = re.search(r"http://[\d.]+:\d+", line)

@@ -83,7 +83,7 @@ def test_eval_reports_mean_and_std_on_held_out_tasks(pipeline, capsys):
     res = run_eval("Arithmetic-v0", "--policy", str(pipeline / "dpo"), "--episodes", "2", "--max-new-tokens", "4",
                    "-e", "hard_fraction=0.5", "-e", "max_turns=2", out=pipeline / "eval_dpo.json")
     assert res["env_kwargs"] == {"hard_fraction": 0.5, "max_turns": 2, "split": "test"}   # held out by default
-    assert res["config"]["policy"] == str(pipeline / "dpo") and res["config"]["episodes"] == 2
+    assert res["config"]["model"] == str(pipeline / "dpo") and res["config"]["episodes"] == 2
     assert len(res["trajectories"]) == 2
     for key in ("success_rate", "reward_mean", "turns_mean", "reward/correct", "reward/invalid"):
         assert key in res["metrics"] and key in res["metrics_std"]
@@ -98,7 +98,7 @@ def test_eval_reports_mean_and_std_on_held_out_tasks(pipeline, capsys):
 
 def test_eval_config_file_reports_toolcall_evaluator_metrics(tmp_path):
     cfg = tmp_path / "eval.yaml"
-    cfg.write_text("env: ToolCall-v0\npolicy: oracle\nepisodes: 3\nmax_new_tokens: 256\nfirst_task: 0\n")
+    cfg.write_text("env: ToolCall-v0\nmodel: oracle\nepisodes: 3\nmax_new_tokens: 256\nfirst_task: 0\n")
     res = run_eval("--config", str(cfg), "episodes=4", "batch_size=2", out=tmp_path / "tc.json")
     m, s = res["metrics"], res["metrics_std"]
     assert m["episodes"] == 4 and res["env_kwargs"] == {"split": "test"}
