@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from agentgym.algorithms.batch import collate
+from agentgym.algorithms.loop.batch import collate
 from agentgym.trajectory import TOKEN_KINDS, Trajectory
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from agentgym.algorithms.events import TrainerEvents
-from agentgym.algorithms.config import TrainConfig
-from agentgym.algorithms.trainer import Trainer
+from agentgym.algorithms.loop.events import TrainerEvents
+from agentgym.algorithms.loop.train_config import TrainConfig
+from agentgym.algorithms.loop.trainer import Trainer
 from agentgym.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
