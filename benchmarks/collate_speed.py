@@ -1,4 +1,4 @@
-"""Host-side collation of an update's trajectories into tensors (``algorithms.batch.collate``), timed.
+"""Host-side collation of an update's trajectories into tensors (``algorithms.loop.batch.collate``), timed.
 
 Issue 49: on the H200 most of our update's lag behind TRL was host time with no kernel under it, and
 collating ``Trajectory`` objects from Python lists is part of it. This times ``collate`` on a batch of

@@ -10,5 +10,7 @@
 from agentgym.algorithms.compare.arms import CompareError, Variant, parse_variants
 from agentgym.algorithms.compare.controls import is_negative_control_learner
 from agentgym.algorithms.compare.harness import compare, run_trl_grpo
+from agentgym.algorithms.compare.report import markdown_table, summarize_runs, write_artifacts
 
-__all__ = ["compare", "run_trl_grpo", "CompareError", "Variant", "parse_variants", "is_negative_control_learner"]
+__all__ = ["compare", "run_trl_grpo", "CompareError", "Variant", "parse_variants", "is_negative_control_learner",
+           "markdown_table", "summarize_runs", "write_artifacts"]

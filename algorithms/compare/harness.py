@@ -51,8 +51,8 @@ draws (its runs are left out of the same-tasks check and the table says so); of 
 settings it takes ``lr``, ``kl_coef`` (TRL's ``beta``) and ``micro_batch_size``, the rest are TRL's
 GRPO defaults.
 
-The parts: the arms (variants, each run's config, the starting policy) in ``compare_arms.py``; the
-runs here; the summary, intervals and artifacts in ``compare_report.py``.
+The parts: the arms (variants, each run's config, the starting policy) in :mod:`.arms`; the runs
+here; the summary, intervals and artifacts in :mod:`.report`; per-arm health in :mod:`.health`.
 """
 
 from __future__ import annotations
@@ -77,7 +77,6 @@ from agentgym.algorithms.loop.run_control import latest_checkpoint, release_memo
 from agentgym.algorithms.loop.train_config import TrainConfig
 from agentgym.algorithms.loop.trainer import Trainer
 
-# the arms (compare_arms.py) and the report (compare_report.py) are importable from here too
 __all__ = ["compare", "run_trl_grpo"]
 
 

@@ -17,8 +17,6 @@ import torch
 
 from agentgym.trajectory import SAMPLED_KINDS, TOKEN_KINDS, Trajectory
 
-from agentgym.algorithms.maths.returns import pad_token_lists
-
 __all__ = ["Batch", "collate", "kind_codes"]
 
 
