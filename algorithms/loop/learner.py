@@ -10,9 +10,9 @@ Usage (the trainer loop's whole contact with this module)::
 with no gradient, compute what the advantages need (old log-probs recomputed when a separate engine
 sampled, reference log-probs when ``kl_coef > 0``, value estimates with a critic); turn the token
 rewards (minus ``kl_coef · KL`` when ``kl_in="reward"``) into per-token advantages with the estimator
-(:mod:`.advantages`); then ``epochs`` passes over minibatches, each one optimizer step accumulated
+(:mod:`..maths.advantages`); then ``epochs`` passes over minibatches, each one optimizer step accumulated
 over micro-batches, with the shared loss (:func:`~agentgym.algorithms.maths.losses.ppo_objective`) around the
-objective's term (:mod:`.objectives`). A minibatch whose loss or gradient norm is not finite is
+objective's term (:mod:`..maths.objectives`). A minibatch whose loss or gradient norm is not finite is
 skipped: no optimizer step, weights and optimizer state untouched, counted in ``metrics["skipped"]``.
 
 Shared machinery (:mod:`.optim`): AdamW (no weight decay on biases and norms), warmup +
@@ -20,7 +20,7 @@ constant/linear/cosine schedule stepped once per ``update`` (so ``total_steps`` 
 does), gradient clipping, LoRA through ``peft`` (the reference model is then the same network with the
 adapter disabled), gradient checkpointing; the run's precision (:mod:`agentgym.precision`: bf16
 autocast over fp32 master weights where it is faster); data parallelism under ``torchrun``
-(:mod:`.parallel`). The registry of learners and the built-ins are in :mod:`.catalog`.
+(:mod:`.parallel`). The registry of learners and the built-ins are in :mod:`..catalog`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What every RL learner's config shares: :class:`UpdateConfig`, the update loop's settings and the loss
 terms every learner has. Each built-in learner's config (``GRPOConfig``, ``PPOConfig``, … in
-:mod:`.catalog`) is a dataclass written in source: ``UpdateConfig`` plus the settings blocks its parts
+:mod:`..catalog`) is a dataclass written in source: ``UpdateConfig`` plus the settings blocks its parts
 read (:class:`~agentgym.algorithms.maths.advantages.ReturnSettings`,
 :class:`~agentgym.algorithms.maths.losses.ClipSettings`, :class:`~agentgym.algorithms.maths.critic.CriticSettings`,
 …). Each knob is a field of exactly one block, with its type, default and help; the optimizer is not a

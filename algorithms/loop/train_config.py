@@ -6,7 +6,7 @@ Every knob has a default and a one-line help (``field(metadata={"help": ...})``,
 knob is declared once, in the part that reads it, and reached by one path in every command: the
 optimizer is ``optim:`` (:class:`~agentgym.algorithms.loop.optim.OptimConfig`, as in ``agentgym sft`` and
 ``dpo``), a LoRA adapter ``lora:``, the model ``model``; the ``learner:`` section is the chosen
-algorithm's typed config (``GRPOConfig`` for ``algo=grpo``, … in :mod:`.catalog`, a user-registered
+algorithm's typed config (``GRPOConfig`` for ``algo=grpo``, … in :mod:`..catalog`, a user-registered
 learner's own class), checked against it key by key; the rollout settings are the kernel's one
 :class:`~agentgym.rollout_config.RolloutConfig`. Every config is checked once, on construction.
 """
