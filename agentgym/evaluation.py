@@ -1,5 +1,5 @@
 """The one evaluation path: run a policy's episodes over an env's tasks and score them, per episode and per
-task. The trainer's held-out evals (:mod:`agentgym.algorithms.held_out`) and ``agentgym eval``
+task. The trainer's held-out evals (:mod:`agentgym.algorithms.loop.held_out`) and ``agentgym eval``
 (:mod:`agentgym.app.eval_run`, which adds only the command's config, printing and files) both call
 :func:`run_eval`, so a run's eval and a later ``agentgym eval`` of the same tasks count alike.
 

@@ -99,7 +99,7 @@ class ThreadGovernor:
         self.cores = _cores()
         self.changes: list[tuple[int, int, float]] = []   # (old, new, other cores busy) per change
         self.lanes = 1   # computations this process runs at once (2 while generation overlaps the update)
-        # the trainer and the background sampler (algorithms/overlap.py) both recheck: one at a time
+        # the trainer and the background sampler (algorithms/loop/overlap.py) both recheck: one at a time
         self._lock = threading.Lock()
         torch.set_num_threads(threads)
         self._mark = self._sample()

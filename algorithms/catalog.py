@@ -14,8 +14,8 @@ learner            advantage            objective       what it is
 =================  ===================  ==============  ====================================================
 
 A user module adds parts and learners with
-:func:`~agentgym.algorithms.advantages.register_advantage`,
-:func:`~agentgym.algorithms.objectives.register_objective` and :func:`register_learner`; ``agentgym
+:func:`~agentgym.algorithms.maths.advantages.register_advantage`,
+:func:`~agentgym.algorithms.maths.objectives.register_objective` and :func:`register_learner`; ``agentgym
 --import mymod train algo=myalgo`` and ``agentgym compare --algos myalgo`` then accept them
 (docs/extending.md).
 """
@@ -25,14 +25,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agentgym.algorithms.advantages import (ADVANTAGES, BaselineSettings, GAESettings, GroupSettings,
+from agentgym.algorithms.maths.advantages import (ADVANTAGES, BaselineSettings, GAESettings, GroupSettings,
                                             ReturnSettings)
-from agentgym.algorithms.critic import CriticSettings
-from agentgym.algorithms.learner import Learner
-from agentgym.algorithms.learner_config import UpdateConfig
-from agentgym.algorithms.losses import ClipSettings
-from agentgym.algorithms.objectives import OBJECTIVES
-from agentgym.algorithms.registry import Registry, registry_key
+from agentgym.algorithms.maths.critic import CriticSettings
+from agentgym.algorithms.loop.learner import Learner
+from agentgym.algorithms.loop.learner_config import UpdateConfig
+from agentgym.algorithms.maths.losses import ClipSettings
+from agentgym.algorithms.maths.objectives import OBJECTIVES
+from agentgym.algorithms.parts import Registry, registry_key
 
 __all__ = ["LEARNERS", "register_learner", "make_learner", "learner_config_class", "learner_needs_groups",
            "ReinforceLearner", "GRPOLearner", "PPOLearner", "ReinforceConfig", "GRPOConfig", "RLOOConfig",
@@ -52,7 +52,7 @@ def register_learner(name: str, learner: type[Learner] | None = None, *, advanta
     advantage="rloo", objective="clip", config=RLOOConfig)`` — or register a :class:`Learner` subclass
     that names its parts and its ``config_class`` (also as a class decorator:
     ``@register_learner("mine")``). The config is a dataclass subclassing
-    :class:`~agentgym.algorithms.learner_config.UpdateConfig` and every settings block its parts read
+    :class:`~agentgym.algorithms.loop.learner_config.UpdateConfig` and every settings block its parts read
     (checked here); the ``learner:`` section of ``agentgym train algo=NAME`` is checked against it.
     Returns the learner class.
     """
@@ -100,8 +100,8 @@ def make_learner(name: str, policy: Any, config: Any = None, *, optim: Any = Non
     """A registered learner (:data:`LEARNERS`) for a trainable policy (``.model``, ``.tokenizer``).
 
     ``config``: the learner's typed config (``GRPOConfig(...)`` for ``grpo``; None: its defaults);
-    ``optim``: the :class:`~agentgym.algorithms.optim.OptimConfig` (None: its defaults); ``lora``: a
-    :class:`~agentgym.algorithms.optim.LoraSettings` adapter (None: full fine-tuning).
+    ``optim``: the :class:`~agentgym.algorithms.loop.optim.OptimConfig` (None: its defaults); ``lora``: a
+    :class:`~agentgym.algorithms.loop.optim.LoraSettings` adapter (None: full fine-tuning).
     ``separate_sampler``: another engine samples the rollouts (see ``UpdateConfig.old_logprobs``).
     ``precision``: see :func:`~agentgym.precision.learner_precision`.
     """

@@ -1,10 +1,10 @@
-"""Host-side collation of an update's trajectories into tensors (``algorithms.batch.collate``), timed.
+"""Host-side collation of an update's trajectories into tensors (``algorithms.loop.batch.collate``), timed.
 
 Issue 49: on the H200 most of our update's lag behind TRL was host time with no kernel under it, and
 collating ``Trajectory`` objects from Python lists is part of it. This times ``collate`` on a batch of
 the benchmark's shape (default 32 trajectories x (256 prompt + 256 response) tokens, 4 turns each)
 and, with ``--baseline-rev REV``, the ``collate`` of another commit side by side in the same process
-(its ``algorithms/batch.py`` is read with ``git show`` and loaded beside ours), checking both give the
+(its ``algorithms/loop/batch.py`` is read with ``git show`` and loaded beside ours), checking both give the
 same tensors.
 
     python benchmarks/collate_speed.py --baseline-rev f402ca4 --repeats 30
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from agentgym.algorithms.batch import collate
+from agentgym.algorithms.loop.batch import collate
 from agentgym.trajectory import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def make_trajectories(n: int, prompt: int, response: int, turns: int, seed: int 
 
 def load_collate_at(rev: str):
     """``collate`` as it was at commit ``rev``."""
-    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:algorithms/batch.py"], capture_output=True,
+    source = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:algorithms/loop/batch.py"], capture_output=True,
                             text=True, check=True).stdout
     path = Path(tempfile.mkdtemp()) / "batch_at_rev.py"
     path.write_text(source)

@@ -62,7 +62,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from learner_throughput import build_model
     from agentgym.algorithms import GRPOConfig, GRPOLearner, OptimConfig
-    from agentgym.algorithms.batch import collate
+    from agentgym.algorithms.loop.batch import collate
     from agentgym.trajectory import Trajectory
 
     model = build_model("smollm2-135m", "cpu")

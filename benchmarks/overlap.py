@@ -21,8 +21,8 @@ from pathlib import Path
 
 def one_run(steps: int, staleness: int, threads: int, extra: list[str]) -> dict:
     from agentgym import threads as torch_threads
-    from agentgym.algorithms.config import TrainConfig
-    from agentgym.algorithms.trainer import Trainer
+    from agentgym.algorithms.loop.train_config import TrainConfig
+    from agentgym.algorithms.loop.trainer import Trainer
     from agentgym.config import load_config
 
     torch_threads.install(torch_threads.ThreadGovernor(threads, fixed=True, log=lambda m: None))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def shares(trajectories, micro: int) -> dict:
-    from agentgym.algorithms.batch import collate
+    from agentgym.algorithms.loop.batch import collate
     batch = collate(trajectories)
     real = int(batch.lengths.sum())
     budget = int(micro * real / len(batch))
@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
     torch.set_num_threads(args.threads)
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     from agentgym.policies.loading import load_policy
     from agentgym.precision import cpu_identity
     from agentgym.rollout import RolloutEngine

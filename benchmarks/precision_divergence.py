@@ -30,7 +30,7 @@ def main() -> None:
     import torch
     torch.set_num_threads(args.threads)
     from agentgym.algorithms import GRPOConfig, OptimConfig, make_learner
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     from agentgym.policies.loading import load_policy
     from agentgym.precision import cpu_identity, resolve_precision
     from agentgym.rollout_config import RolloutConfig

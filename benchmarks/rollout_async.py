@@ -75,7 +75,7 @@ def load(policy: str, backend: str, env_id: str, cache: dict[tuple[str, str], An
         return scripted_policy(env_id) if backend == "hf" else None
     if (policy, backend) not in cache:
         from agentgym.policies.loading import load_policy
-        from agentgym.policies.registry import resolve_backend
+        from agentgym.policies.backends import resolve_backend
         notes: list[str] = []
         engine, options = ("hf", {"reuse_kv": False}) if backend == "hf-nokv" else (backend, {})
         if resolve_backend(engine, notice=notes.append) != engine:

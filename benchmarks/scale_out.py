@@ -98,7 +98,7 @@ def bench_generation(model: str, batch: int, new_tokens: int) -> dict:
 
 DDP_SCRIPT = r'''
 import sys, time, torch
-from agentgym.algorithms.distributed import init_from_env
+from agentgym.algorithms.loop.distributed import init_from_env
 from agentgym.algorithms import GRPOConfig, OptimConfig, make_learner
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams

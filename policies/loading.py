@@ -25,7 +25,7 @@ from typing import Any
 __all__ = ["trainer_checkpoint", "load_trained_policy", "load_tokenizer_for", "export_model", "load_policy",
            "check_model_spec", "model_directory"]
 
-from agentgym.policies.registry import (backend_class, names_own_backend, require_registered, resolve_backend,
+from agentgym.policies.backends import (backend_class, names_own_backend, require_registered, resolve_backend,
                                        spec_backend)
 
 TINY_RANDOM = "tiny-random"
@@ -240,7 +240,7 @@ def load_policy(spec: str, backend: str | None = None, *, env_id: str | None = N
 
     ``spec``: a model spec (see the module docstring), ``oracle`` (the env's scripted reference policy,
     needs ``env_id``) or ``openai:MODEL@BASE_URL`` (a hosted chat endpoint; evaluation only).
-    ``backend``: a name from :data:`~agentgym.policies.registry.POLICY_BACKENDS` (``hf``: transformers,
+    ``backend``: a name from :data:`~agentgym.policies.backends.POLICY_BACKENDS` (``hf``: transformers,
     trainable in place; ``vllm``), or None for :func:`default_backend`. When the requested backend is
     not installed, ``notice`` (default: print to stderr) gets one line and the fallback is used.
     """

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentgym.policies.registry import backend_class, trainable_backend
+from agentgym.policies.backends import backend_class, trainable_backend
 
 __all__ = ["place_sampler"]
 
 
 def place_sampler(cfg: Any, backend: str, precision: Any, policy: Any | None = None,
                   train_dtype: Any = None) -> tuple[Any, Any]:
-    """``(train_policy, sampler)`` for a :class:`~agentgym.algorithms.trainer.TrainConfig` ``cfg``.
+    """``(train_policy, sampler)`` for a :class:`~agentgym.algorithms.loop.trainer.TrainConfig` ``cfg``.
 
-    ``backend``: a resolved registry name (:func:`~agentgym.policies.registry.resolve_backend`);
+    ``backend``: a resolved registry name (:func:`~agentgym.policies.backends.resolve_backend`);
     ``precision``: the run's resolved :class:`~agentgym.precision.Precision`; ``policy``: the module to
     train when the caller has one (else ``cfg.model`` is loaded); ``train_dtype``: its torch dtype.
     The sampler is the train policy itself exactly when colocated.

@@ -347,7 +347,7 @@ class RayPolicyPool(TokenBackend):
         import ray
 
         from agentgym.policies.loading import load_tokenizer_for
-        from agentgym.policies.registry import backend_names
+        from agentgym.policies.backends import backend_names
         from agentgym.ray_envs import ensure_ray
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")

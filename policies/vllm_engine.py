@@ -24,7 +24,7 @@ _CPU_KV_CACHE_BYTES = 2 << 30
 
 
 try:  # the loader's "backend not installed" error, itself an ImportError
-    from agentgym.policies.registry import BackendUnavailable as _Unavailable
+    from agentgym.policies.backends import BackendUnavailable as _Unavailable
 except ImportError:  # pragma: no cover - loader not importable
     _Unavailable = ImportError  # type: ignore[misc,assignment]
 

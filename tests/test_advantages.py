@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from agentgym.algorithms.returns import (BatchMeanBaseline, MovingAverageBaseline, NoBaseline, broadcast_to_tokens,
+from agentgym.algorithms.maths.returns import (BatchMeanBaseline, MovingAverageBaseline, NoBaseline, broadcast_to_tokens,
                                             discounted_returns, episode_returns, gae, group_normalize, leave_one_out,
                                             make_baseline, observation_history_keys, rebn, turn_gae,
                                             turn_group_normalize, turn_rewards)

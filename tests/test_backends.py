@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentgym.algorithms.config import TrainConfig
-from agentgym.policies import registry
+from agentgym.algorithms.loop.train_config import TrainConfig
+from agentgym.policies import backends
 from agentgym.backend import Backend, ProtocolBackend, TokenBackend, as_backend, tokenizer_of
 from agentgym.policies.loading import load_policy, load_tokenizer_for
 from agentgym.policies.openai_policy import OpenAIChatPolicy
@@ -54,35 +54,35 @@ def tok():
 
 
 def test_builtin_backends_declare_their_capabilities():
-    assert registry.backend_names()[0] == "hf" and "vllm" in registry.backend_names()
-    hf = registry.backend_class("hf")
+    assert backends.backend_names()[0] == "hf" and "vllm" in backends.backend_names()
+    hf = backends.backend_class("hf")
     assert hf is TransformersPolicy and issubclass(hf, Backend)
     assert hf.trains_in_place and hf.supports_weight_sync and hf.follows_run_precision and not hf.separate_engine
     assert RayPolicyPool.separate_engine and RayPolicyPool.supports_weight_sync and not RayPolicyPool.trains_in_place
     assert not OpenAIChatPolicy.token_level and OpenAIChatPolicy.answers_chat and not OpenAIChatPolicy.supports_weight_sync
     assert ScriptedPolicy.needs_context and not ScriptedPolicy.supports_weight_sync
     try:
-        vllm = registry.backend_class("vllm")
-    except registry.BackendUnavailable:
+        vllm = backends.backend_class("vllm")
+    except backends.BackendUnavailable:
         return  # vLLM is not installed here: its flags are checked where it is (tests/test_vllm_policy.py runs it)
     assert vllm.separate_engine and vllm.supports_weight_sync and vllm.engine_bf16_with_run
 
 
 def test_registry_checks_names_and_options_and_specs_pick_their_own_backend():
     with pytest.raises(ValueError, match="unknown backend 'tgi'"):
-        registry.backend_class("tgi")
+        backends.backend_class("tgi")
     with pytest.raises(ValueError, match="backend must be hf, vllm"):
-        registry.check_backend("tgi")
+        backends.check_backend("tgi")
     with pytest.raises(ValueError, match=r"unknown hf backend option\(s\) \['bogus'\]"):
-        registry.check_backend("hf", {"bogus": 1})
-    registry.check_backend(None, {"anything": 1})          # resolved later, as before
+        backends.check_backend("hf", {"bogus": 1})
+    backends.check_backend(None, {"anything": 1})          # resolved later, as before
     with pytest.raises(ValueError, match="backend must be"):
         TrainConfig(backend="tgi")
     with pytest.raises(ValueError, match="unknown backend 'tgi'; choose from hf, vllm"):   # any spec, even oracle
         load_policy("oracle", "tgi", env_id="Arithmetic-v0")
-    assert registry.trainable_backend() == "hf"
-    assert registry.names_own_backend("oracle") and registry.names_own_backend("openai:m@http://x")
-    assert not registry.names_own_backend("tiny-random")
+    assert backends.trainable_backend() == "hf"
+    assert backends.names_own_backend("oracle") and backends.names_own_backend("openai:m@http://x")
+    assert not backends.names_own_backend("tiny-random")
     oracle = load_policy("oracle", env_id="Arithmetic-v0")
     assert isinstance(oracle, ScriptedPolicy) and oracle.wants_context is True
     hosted = load_policy("openai:qwen@http://127.0.0.1:9/v1")
@@ -146,10 +146,10 @@ def test_a_backend_that_cannot_take_weights_is_refused_for_training_but_evaluate
         def generate(self, prompts, sampling):
             return ProtocolOnly(self.tokenizer).generate(prompts, sampling)
 
-    registry.register_backend("frozen-test", Frozen)
+    backends.register_backend("frozen-test", Frozen)
     try:
-        assert "frozen-test" in registry.backend_names()
-        assert registry.resolve_backend("frozen-test") == "frozen-test"
+        assert "frozen-test" in backends.backend_names()
+        assert backends.resolve_backend("frozen-test") == "frozen-test"
         with pytest.raises(ValueError, match="cannot take a learner's weights"):
             place_sampler(_cfg(backend="frozen-test"), "frozen-test", resolve_precision("fp32", "cpu"),
                           TransformersPolicy.tiny_random(seed=0))
@@ -158,14 +158,14 @@ def test_a_backend_that_cannot_take_weights_is_refused_for_training_but_evaluate
         engine.close()
         assert trajs[0].messages[-1]["content"] == REPLY
     finally:
-        del registry.POLICY_BACKENDS["frozen-test"]
+        del backends.POLICY_BACKENDS["frozen-test"]
 
 
 def test_cli_takes_a_backend_an_import_module_registers(tmp_path):
     (tmp_path / "mybackend.py").write_text(
         "from agentgym.backend import TokenBackend\n"
         "from agentgym.policies.loading import load_tokenizer_for\n"
-        "from agentgym.policies.registry import register_backend\n"
+        "from agentgym.policies.backends import register_backend\n"
         "from agentgym.policy import Generation\n"
         "class Fixed(TokenBackend):\n"
         "    def __init__(self, tok): self.tokenizer = tok\n"

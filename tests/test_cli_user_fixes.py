@@ -149,9 +149,9 @@ def test_eval_env_kwargs_and_train_overrides_read_a_value_alike(text):
 def test_the_bar_counts_the_step_a_ctrl_c_waited_for(tmp_path, capsys):
     """Ctrl-C during an update is held until the update is in (a whole step); the bar then shows that step,
     as the "interrupted at step N" line does (it showed one fewer)."""
-    from agentgym.algorithms.config import TrainConfig
-    from agentgym.algorithms.trainer import Trainer
-    from agentgym.algorithms.run_control import TrainingInterrupted
+    from agentgym.algorithms.loop.train_config import TrainConfig
+    from agentgym.algorithms.loop.trainer import Trainer
+    from agentgym.algorithms.loop.run_control import TrainingInterrupted
     cfg = load_config(TrainConfig, None, [*TINY, "env=Arithmetic-v0", "steps=3", "eval.episodes=1",
                                           f"output_dir={tmp_path / 'run'}"])
     trainer = Trainer(cfg)

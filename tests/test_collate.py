@@ -1,4 +1,4 @@
-"""``algorithms.batch.collate`` (vectorised) against a per-row reference written here: the same tensors on
+"""``algorithms.loop.batch.collate`` (vectorised) against a per-row reference written here: the same tensors on
 multi-turn trajectories, older ones without token kinds, rewards on one position, and bad input."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from agentgym.algorithms.batch import collate
+from agentgym.algorithms.loop.batch import collate
 from agentgym.trajectory import TOKEN_KINDS, Trajectory
 
 

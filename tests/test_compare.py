@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentgym.algorithms import compare as cmp
-from agentgym.algorithms import compare_report
-from agentgym.algorithms.compare_arms import CompareError, RunRecord, Variant, parse_variants
-from agentgym.algorithms.compare_report import summarize_runs
+from agentgym.algorithms.compare import harness as cmp
+from agentgym.algorithms.compare import report as compare_report
+from agentgym.algorithms.compare.arms import CompareError, RunRecord, Variant, parse_variants
+from agentgym.algorithms.compare.report import summarize_runs
 from agentgym.app.cli import main
 from fixtures_llm import one_torch_thread  # noqa: F401  (autouse: a 64-wide model is faster on one thread)
 
@@ -169,8 +169,8 @@ def test_undefined_intervals_are_reported_as_such_never_as_significant():
     """Seeds that all agree (zero variance) and a variant with one seed: the table prints n/a with the
     reason instead of a zero-width [+0.250, +0.250], no such difference is significant, the legend says
     why, and compare.json carries NaN bounds with the reason (its readers see no interval)."""
-    from agentgym.algorithms.compare_report import markdown_table
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.compare.report import markdown_table
+    from agentgym.algorithms.loop.train_config import TrainConfig
     runs = [_record("flat_hi", s, [0.0, 0.75]) for s in range(3)] + \
            [_record("flat_lo", s, [0.0, 0.5]) for s in range(3)] + [_record("single", 0, [0.0, 0.6])]
     variants = [Variant(v, v) for v in ("flat_hi", "flat_lo", "single")]
@@ -206,8 +206,8 @@ def test_held_out_success_is_also_compared_paired_over_seeds_and_tasks():
     is the pair's), a t interval over the per-seed differences and a bootstrap over tasks conditional on the runs;
     the control lines give the headline verdict. (Before issue 47 the verdict was 'separated' when both the
     over-seeds and the over-tasks intervals excluded 0; the conditional one no longer votes.)"""
-    from agentgym.algorithms.compare_report import markdown_table
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.compare.report import markdown_table
+    from agentgym.algorithms.loop.train_config import TrainConfig
     rng = np.random.default_rng(0)
     # 40 tasks; a seed's difficulty moves both arms alike; the learner solves 8 more tasks than the control
     runs = []
@@ -269,7 +269,7 @@ def test_paired_held_out_success_leaves_out_tasks_a_service_failure_left_unscore
 def test_paired_table_with_one_seed_says_why_once():
     """One finished seed: the interval over seeds is n/a with its reason, said once, not "(1 seed) (1 seeds)";
     the interval over tasks still exists and counts its tasks."""
-    from agentgym.algorithms.compare_report import _paired_lines
+    from agentgym.algorithms.compare.report import _paired_lines
     runs = [_eval_record("a", 0, [1.0, 1.0, 0.0, 1.0]), _eval_record("b", 0, [0.0, 1.0, 0.0, 0.0])]
     s = summarize_runs(runs, [Variant("a", "a"), Variant("b", "b")], per_step=4, threshold=0.8)
     row = next(line for line in _paired_lines(s["_paired"]) if line.startswith("| `a` − `b`"))
@@ -278,8 +278,8 @@ def test_paired_table_with_one_seed_says_why_once():
 
 def test_one_seed_artifacts_say_1_seed(tmp_path, monkeypatch):
     """compare.{csv,png,md,json} of a single finished seed: the figure's title says "1 seed", not "1 seeds"."""
-    from agentgym.algorithms import compare_report
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.compare import report as compare_report
+    from agentgym.algorithms.loop.train_config import TrainConfig
     titles = []
     monkeypatch.setattr(compare_report, "plot_comparison", lambda *a, title, **k: titles.append(title))
     runs = [_eval_record("a", 0, [1.0, 1.0, 0.0, 1.0]), _eval_record("b", 0, [0.0, 1.0, 0.0, 0.0])]
@@ -293,8 +293,8 @@ def test_training_health_table_says_signal_collapse_and_alarms(tmp_path):
     """compare.md's health table: per arm, the seed mean of the share of groups without signal, entropy and
     response length first → last, grad norm, infra-error episodes, and how many runs raised each alarm
     (read from each run's alarms.json)."""
-    from agentgym.algorithms.compare_report import markdown_table
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.compare.report import markdown_table
+    from agentgym.algorithms.loop.train_config import TrainConfig
     runs = []
     for seed, (zv, ent) in enumerate([([1.0, 0.5], [2.0, 1.0]), ([0.5, 0.0], [2.0, 0.5])]):
         rec = _record("grpo", seed, [0.0, 0.5])
@@ -369,7 +369,7 @@ def test_finished_runs_are_reused_wherever_the_study_folder_is_named_or_moved(tm
 def test_runs_recorded_before_a_knob_existed_are_still_reused():
     """--resume / --report-only (and small_scale's --resume) reuse a run whose recorded config lacks a key
     added since, as long as the current config holds that key's default; any other difference is a new run."""
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     from agentgym.config import same_config, to_dict
     defaults = to_dict(TrainConfig())
     current = to_dict(TrainConfig())
@@ -391,7 +391,7 @@ def test_knobs_that_do_not_change_what_a_run_learns_do_not_make_it_another_run()
     """Micro-batching (the same update up to the order of float sums), checkpoint keeping and where a run
     is written are TrainConfig.RESULT_NEUTRAL: a run recorded with other values is reused; a nested key of
     the same name elsewhere, or any other knob, still counts."""
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     from agentgym.config import same_config, to_dict
     defaults, current = to_dict(TrainConfig()), to_dict(TrainConfig())
     recorded = json.loads(json.dumps(current))
@@ -425,8 +425,8 @@ def test_arms_of_a_seed_share_the_eval_before_training_which_each_would_have_mea
     """The eval before training is made by a seed's first arm and taken by the others (same weights, tasks
     and draws; sampled here, eval.samples=2); each arm evaluating itself gets the same numbers, and a
     resumed comparison takes it from a finished run."""
-    from agentgym.algorithms.trainer import Trainer
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.trainer import Trainer
+    from agentgym.algorithms.loop.train_config import TrainConfig
     from agentgym.config import load_config
     out = tmp_path / "cmp"
     args = ["compare", "--env", "Arithmetic-v0", "--algos", "reinforce,ppo", "--steps", "1", "--seeds", "0,1",

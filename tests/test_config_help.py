@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from agentgym.algorithms.config import TrainConfig
+from agentgym.algorithms.loop.train_config import TrainConfig
 from agentgym.app.knobs import command_config, describe_configs
 from agentgym.algorithms.offline.sft import SFTRunConfig
 from agentgym.config import config_fields, format_config_table

@@ -73,7 +73,7 @@ def test_an_unknown_key_gets_the_closest_known_one(data, hint):
     ("temperature=0.7", "(did you mean 'learner.temperature' or 'rollout.sampling.temperature'?)"),
 ])
 def test_train_config_hints_name_the_section_a_key_lives_in(override, hint):
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, overrides=[override])
     assert hint in str(e.value)
@@ -87,7 +87,7 @@ def test_a_trailing_dot_prefix_is_still_accepted():
 
 @pytest.mark.parametrize("override", ["rollout.sampling.top_p=7", "sampling.top_p=7"])  # canonical and alias
 def test_train_config_section_check_names_the_section(override):
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, None, [override])
     assert str(e.value) == "rollout.sampling: top_p must be in (0, 1], got 7.0"
@@ -102,7 +102,7 @@ def test_cli_prints_the_path_without_a_stray_dot():
 
 
 def test_a_config_path_that_is_a_directory_or_not_text_is_a_config_error(tmp_path):
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     with pytest.raises(ConfigError, match="is a directory; give a YAML file"):
         load_config(TrainConfig, tmp_path)
     (tmp_path / "weights.yaml").write_bytes(b"\xff\xfe\x00binary")
@@ -119,7 +119,7 @@ def test_a_config_path_that_is_a_directory_or_not_text_is_a_config_error(tmp_pat
 ])
 def test_an_unquoted_value_the_shell_split_gets_the_quoted_override(words, whole):
     """``agentgym train env_kwargs={difficulty: 2}`` typed without quotes: the shell passes two words."""
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, None, words)
     assert str(e.value).endswith(f"is not key=value (the shell split a value at its spaces: quote the whole "
@@ -127,7 +127,7 @@ def test_an_unquoted_value_the_shell_split_gets_the_quoted_override(words, whole
 
 
 def test_a_stray_word_after_a_closed_value_gets_no_quoting_hint():
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, None, ["env_kwargs={difficulty: 2}", "steps=1", "foo"])
     assert str(e.value) == "override 'foo' is not key=value"
@@ -139,7 +139,7 @@ def test_a_stray_word_after_a_closed_value_gets_no_quoting_hint():
     ("=3", "override '=3' has no key before '='"),
 ])
 def test_an_override_that_is_not_one_says_what_it_is(override, message):
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     with pytest.raises(ConfigError) as e:
         load_config(TrainConfig, None, [override])
     assert str(e.value) == message
@@ -162,7 +162,7 @@ def test_a_model_that_is_neither_a_path_nor_on_the_hub_is_a_one_line_usage_error
 
 
 def test_invalid_yaml_is_one_line_with_where(tmp_path):
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: 3\noptim: {lr: [1e-5\n")
     with pytest.raises(ConfigError) as e:

@@ -1,11 +1,11 @@
-"""The shuffled-advantage negative control (algorithms/controls.py): GRPO's advantages, each handed to an
+"""The shuffled-advantage negative control (algorithms/compare/controls.py): GRPO's advantages, each handed to an
 episode of another group, so that the update has GRPO's size but no information about the receiver's action."""
 
 import numpy as np
 import pytest
 
 from agentgym.algorithms import ADVANTAGES, LEARNERS, AdvantageInputs, collate, is_negative_control_learner
-from agentgym.algorithms.controls import donor_indices
+from agentgym.algorithms.compare.controls import donor_indices
 from agentgym.trajectory import Trajectory
 
 
@@ -75,7 +75,7 @@ def test_the_control_is_known_as_one():
 
 def test_compare_runs_the_control_and_reports_every_learner_against_it(tmp_path, capsys):
     """A real (tiny) comparison: the control trains like any learner and compare.md judges GRPO against it."""
-    from agentgym.algorithms.compare_report import is_negative_control
+    from agentgym.algorithms.compare.report import is_negative_control
     from agentgym.app.cli import main
     assert is_negative_control("grpo-shuffled") and is_negative_control("grpo-shuffled:optim.lr=1e-5")
     assert is_negative_control("grpo:lr=0") and not is_negative_control("grpo") and not is_negative_control("ppo:lr=1e-5")

@@ -17,7 +17,7 @@ import torch
 
 from agentgym.algorithms import (ADVANTAGES, GRPOConfig, PPOConfig, ReinforceConfig, RLOOConfig, collate)
 from helpers_learners import make
-from agentgym.algorithms.advantages import AdvantageInputs
+from agentgym.algorithms.maths.advantages import AdvantageInputs
 from agentgym.trajectory import Trajectory
 
 PROMPT = [1, 2]

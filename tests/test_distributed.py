@@ -27,7 +27,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 UPDATE_SCRIPT = textwrap.dedent("""
     import sys, torch
     import torch.distributed as dist
-    from agentgym.algorithms.distributed import init_from_env
+    from agentgym.algorithms.loop.distributed import init_from_env
     from agentgym.algorithms import GRPOConfig, OptimConfig, PPOConfig, ReinforceConfig, make_learner
     from agentgym.policies.transformers_policy import TransformersPolicy
     from agentgym.policy import SamplingParams
@@ -70,7 +70,7 @@ UPDATE_SCRIPT = textwrap.dedent("""
 
     import os
     if os.environ.get("WRONG_ALL_REDUCE"):   # negative control: the test must catch a broken reduction
-        import agentgym.algorithms.distributed as D
+        import agentgym.algorithms.loop.distributed as D
         right = D.all_reduce_gradients
         def wrong(params, ctx, average=False):
             if os.environ["WRONG_ALL_REDUCE"] == "skip":

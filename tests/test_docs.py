@@ -202,7 +202,7 @@ def check_command(argv: list[str]) -> str | None:
     if bad or (extra and not hasattr(args, "overrides")):
         return f"unknown arguments {bad or extra}"
     overrides = [o for o in list(getattr(args, "overrides", None) or []) + extra if o not in ("...", "…")]
-    classes = {"train": "agentgym.algorithms.trainer:TrainConfig", "compare": "agentgym.algorithms.trainer:TrainConfig",
+    classes = {"train": "agentgym.algorithms.loop.train_config:TrainConfig", "compare": "agentgym.algorithms.loop.train_config:TrainConfig",
                "sft": "agentgym.algorithms.offline.sft:SFTRunConfig", "dpo": "agentgym.algorithms.offline.dpo:DPORunConfig",
                "eval": "agentgym.app.eval_run:EvalRunConfig"}
     if args.command not in classes:

@@ -1,4 +1,4 @@
-"""More signal per episode (algorithms/group_filter.py): DAPO dynamic sampling and difficulty filtering.
+"""More signal per episode (algorithms/loop/group_filter.py): DAPO dynamic sampling and difficulty filtering.
 
 The pure functions are driven by the real rollout engine on a real env with a scripted policy (the
 policy's identity does not matter there, only which groups have reward variance); the end-to-end runs
@@ -17,7 +17,7 @@ from agentgym.rollout_config import RolloutConfig
 from agentgym.rollout import RolloutEngine
 from agentgym.trajectory import Trajectory
 
-from agentgym.algorithms.group_filter import (GroupFilterConfig, GroupSampler, TaskDifficulty, fill_with_signal,
+from agentgym.algorithms.loop.group_filter import (GroupFilterConfig, GroupSampler, TaskDifficulty, fill_with_signal,
                                               group_has_signal, split_groups)
 from fixtures_llm import cached_tokenizer
 
@@ -193,8 +193,8 @@ TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "
 
 
 def _trainer(tmp_path, name: str, *extra: str):
-    from agentgym.algorithms.config import TrainConfig
-    from agentgym.algorithms.trainer import Trainer
+    from agentgym.algorithms.loop.train_config import TrainConfig
+    from agentgym.algorithms.loop.trainer import Trainer
     from agentgym.config import load_config
     cfg = load_config(TrainConfig, overrides=[*TINY, f"output_dir={tmp_path / name}", *extra])
     lines: list[str] = []

@@ -1,4 +1,4 @@
-"""Training-health diagnostics and collapse alarms (algorithms/health.py), alone and inside a real run."""
+"""Training-health diagnostics and collapse alarms (algorithms/loop/health.py), alone and inside a real run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from agentgym.algorithms.health import (HealthConfig, HealthMonitor, batch_health, health_section,
+from agentgym.algorithms.loop.health import (HealthConfig, HealthMonitor, batch_health, health_section,
                                         input_response_mi)
 from agentgym.trajectory import Trajectory
 
@@ -86,8 +86,8 @@ def test_health_section_embeds_curves_and_lists_alarms(tmp_path):
 
 
 def test_a_run_logs_health_marks_alarms_and_reports_them(tmp_path):
-    from agentgym.algorithms.config import TrainConfig
-    from agentgym.algorithms.trainer import Trainer
+    from agentgym.algorithms.loop.train_config import TrainConfig
+    from agentgym.algorithms.loop.trainer import Trainer
     from agentgym.config import load_config
 
     cfg = load_config(TrainConfig, overrides=[

@@ -131,9 +131,9 @@ class FlakyServiceEnv(AgentEnv):
 
 
 def test_marked_episodes_never_reach_the_loss(tmp_path, flaky_url):
-    from agentgym.algorithms.events import TrainerEvents
-    from agentgym.algorithms.config import TrainConfig
-    from agentgym.algorithms.trainer import Trainer
+    from agentgym.algorithms.loop.events import TrainerEvents
+    from agentgym.algorithms.loop.train_config import TrainConfig
+    from agentgym.algorithms.loop.trainer import Trainer
     from agentgym.config import load_config
 
     FlakyServiceEnv.url = flaky_url
@@ -222,10 +222,10 @@ def test_a_service_down_for_whole_steps_stops_the_run_checkpointed_and_resume_fi
     """Steps whose every episode an outage ended train nothing; after health.max_outage_steps of them in a row
     the run stops with ServiceOutage and a checkpoint, instead of spending its whole budget on nothing, and
     --resume finishes it once the service is back."""
-    from agentgym.algorithms.run_control import ServiceOutage
-    from agentgym.algorithms.config import TrainConfig
-    from agentgym.algorithms.trainer import Trainer
-    from agentgym.algorithms.run_control import latest_checkpoint
+    from agentgym.algorithms.loop.run_control import ServiceOutage
+    from agentgym.algorithms.loop.train_config import TrainConfig
+    from agentgym.algorithms.loop.trainer import Trainer
+    from agentgym.algorithms.loop.run_control import latest_checkpoint
     from agentgym.config import load_config
 
     env_id = agentgym.register("ServiceDown-v0", entry_point=ServiceDownEnv)
@@ -256,9 +256,9 @@ def test_a_service_down_for_whole_steps_stops_the_run_checkpointed_and_resume_fi
 
 
 def test_max_outage_steps_zero_never_stops_and_a_partial_outage_does_not_count(tmp_path):
-    from agentgym.algorithms.health import HealthConfig
-    from agentgym.algorithms.config import TrainConfig
-    from agentgym.algorithms.trainer import Trainer
+    from agentgym.algorithms.loop.health import HealthConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
+    from agentgym.algorithms.loop.trainer import Trainer
     from agentgym.config import load_config
     with pytest.raises(ValueError, match="max_outage_steps must be >= 0"):
         HealthConfig(max_outage_steps=-1)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agentgym.algorithms import LEARNERS
 from agentgym.algorithms.offline.sft import TrainerOptimConfig
-from agentgym.algorithms.optim import LoraSettings
+from agentgym.algorithms.loop.optim import LoraSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("agentgym", "algorithms", "envs", "policies")

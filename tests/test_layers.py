@@ -8,9 +8,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from agentgym.algorithms.events import TrainerEvents
-from agentgym.algorithms.config import TrainConfig
-from agentgym.algorithms.trainer import Trainer
+from agentgym.algorithms.loop.events import TrainerEvents
+from agentgym.algorithms.loop.train_config import TrainConfig
+from agentgym.algorithms.loop.trainer import Trainer
 from agentgym.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,3 +147,50 @@ def test_only_package_inits_re_export_names():
             if foreign:
                 offenders.append(f"{path.relative_to(ROOT)}: {', '.join(foreign)}")
     assert not offenders, "modules re-exporting names they do not define:\n" + "\n".join(offenders)
+
+
+def _group_imports(group: str) -> dict[str, set[str]]:
+    """Each module of ``algorithms/<group>/`` and what it imports (relative imports resolved)."""
+    out = {}
+    for path in sorted((ROOT / "algorithms" / group).rglob("*.py")):
+        rel = path.relative_to(ROOT / "algorithms").with_suffix("")
+        parts = ["agentgym", "algorithms", *rel.parts]
+        package = ".".join(parts if path.name == "__init__.py" else parts[:-1]).removesuffix(".__init__")
+        out[str(path.relative_to(ROOT))] = _absolute_imports(path, package)
+    return out
+
+
+def _reaching(imports: dict[str, set[str]], groups: tuple[str, ...]) -> list[str]:
+    prefixes = tuple(f"agentgym.algorithms.{g}" for g in groups)
+    offenders = []
+    for path, names in imports.items():
+        bad = sorted(m for m in names if any(m == p or m.startswith(p + ".") for p in prefixes))
+        if bad:
+            offenders.append(f"{path}: {', '.join(bad)}")
+    return offenders
+
+
+def test_algorithms_groups_import_downwards():
+    """``algorithms/`` is grouped by job (issue 48): the maths imports nothing from the loop or the
+    comparison harness; the loop may import the maths, never the harness; the harness may import both."""
+    maths = _group_imports("maths")
+    loop = _group_imports("loop")
+    assert maths and loop and _group_imports("compare")
+    offenders = _reaching(maths, ("loop", "compare")) + _reaching(loop, ("compare",))
+    assert not offenders, "algorithms groups import upwards:\n" + "\n".join(offenders)
+
+
+def test_algorithms_modules_have_one_path():
+    """No shim where the modules of ``algorithms/`` lived before they were grouped, and ``registry`` means
+    the env registry only (the helper is ``algorithms.parts``, the backend registry ``policies.backends``)."""
+    import importlib.util
+    old = ["advantages", "returns", "objectives", "losses", "critic", "learner", "learner_state", "learner_config",
+           "batch", "optim", "parallel", "distributed", "overlap", "run_control", "trainer", "events", "health",
+           "group_filter", "held_out", "curves", "config", "compare_arms", "compare_health", "compare_report",
+           "controls", "registry"]
+    for name in [f"agentgym.algorithms.{m}" for m in old] + ["agentgym.policies.registry"]:
+        spec = importlib.util.find_spec(name)
+        assert spec is None or spec.origin is None, f"{name} is still importable from {spec.origin}"
+    for new in ("agentgym.algorithms.maths.advantages", "agentgym.algorithms.loop.train_config",
+                "agentgym.algorithms.compare.harness", "agentgym.algorithms.parts", "agentgym.policies.backends"):
+        assert importlib.util.find_spec(new) is not None, new

@@ -18,12 +18,12 @@ import agentgym.algorithms as algorithms
 from agentgym.algorithms import (ADVANTAGES, LEARNERS, OBJECTIVES, CISPOConfig, DualClipPPOConfig, GRPOConfig,
                                  GSPOConfig, Learner, OptimConfig, PPOConfig, RLOOConfig, UpdateConfig, collate,
                                  make_learner, register_advantage, register_learner, register_objective)
-from agentgym.algorithms.config import TrainConfig
+from agentgym.algorithms.loop.train_config import TrainConfig
 from agentgym.config import ConfigError, load_config
-from agentgym.algorithms.batch import Batch
-from agentgym.algorithms.compare_arms import parse_variants
+from agentgym.algorithms.loop.batch import Batch
+from agentgym.algorithms.compare.arms import parse_variants
 from agentgym.algorithms.catalog import learner_needs_groups
-from agentgym.algorithms.objectives import ClipObjective, CISPOObjective, DualClipObjective, GSPOObjective
+from agentgym.algorithms.maths.objectives import ClipObjective, CISPOObjective, DualClipObjective, GSPOObjective
 from agentgym.app.cli import main
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams

@@ -15,7 +15,7 @@ import torch
 import agentgym
 from agentgym import AgentEnv, Reward, Transition, shaper
 from agentgym.algorithms import GRPOLearner, LoraSettings, PPOLearner, ReinforceLearner, collate, lr_factor
-from agentgym.algorithms.losses import LOSS_AGG_MODES
+from agentgym.algorithms.maths.losses import LOSS_AGG_MODES
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams
 from agentgym.rollout_config import RolloutConfig

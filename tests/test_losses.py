@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 
-from agentgym.algorithms import losses
-from agentgym.algorithms.batch import Batch, collate
+from agentgym.algorithms.maths import losses
+from agentgym.algorithms.loop.batch import Batch, collate
 from agentgym.algorithms import OptimConfig, make_learner
-from agentgym.algorithms.losses import (LossSettings, aggregate, cispo_surrogate, clipped_surrogate,
+from agentgym.algorithms.maths.losses import (LossSettings, aggregate, cispo_surrogate, clipped_surrogate,
                                         clipped_value_loss, dual_clip_surrogate, entropy_from_logits, gspo_surrogate,
                                         kl_penalty, ppo_objective, reinforce_surrogate, token_logprobs)
 from agentgym.algorithms import OBJECTIVES, GRPOConfig
@@ -78,7 +78,7 @@ def test_token_logprobs_at_chosen_positions_equal_the_full_pass_there_and_zero_e
 
 
 def test_batch_logit_positions_are_the_union_of_what_the_rows_need():
-    from agentgym.algorithms.batch import Batch
+    from agentgym.algorithms.loop.batch import Batch
     needed = torch.tensor([[0, 0, 1, 1, 0, 0, 0],
                            [0, 0, 0, 0, 0, 1, 0.]])
     width = needed.shape[1]

@@ -7,7 +7,7 @@ import torch
 from fixtures_llm import cached_tokenizer, one_torch_thread  # noqa: F401  (autouse: one torch thread)
 from helpers_learners import make
 
-from agentgym.algorithms.batch import collate
+from agentgym.algorithms.loop.batch import collate
 
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.trajectory import Trajectory

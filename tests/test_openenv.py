@@ -367,7 +367,7 @@ def test_openenv_v0_capacity_and_refused_connections_are_infra_errors(openenv_co
 
 
 def test_train_takes_openenv_v0_with_its_kwargs():
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     from agentgym.config import load_config
     cfg = load_config(TrainConfig, None, ["env=OpenEnv-v0", "env_kwargs.base_url=http://127.0.0.1:8000",
                                           "env_kwargs.observation_field=text"])

@@ -1,4 +1,4 @@
-"""One optimizer config for RL, SFT and DPO (``algorithms/optim.py``), reached as ``optim.*`` in
+"""One optimizer config for RL, SFT and DPO (``algorithms/loop/optim.py``), reached as ``optim.*`` in
 ``agentgym train``, ``sft`` and ``dpo``: the shared keys mean the same thing everywhere, each command's
 own defaults come from its run config, SFT/DPO's former ``optim.warmup`` still works with a deprecation
 warning, and the loss settings are read off the learner's config blocks rather than mirrored."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentgym.algorithms import GRPOConfig, LossSettings, OptimConfig, PPOConfig, make_learner
-from agentgym.algorithms.config import TrainConfig
-from agentgym.algorithms.losses import LossTermSettings, ValueLossSettings
+from agentgym.algorithms.loop.train_config import TrainConfig
+from agentgym.algorithms.maths.losses import LossTermSettings, ValueLossSettings
 from agentgym.algorithms.offline.dpo import DPORunConfig
 from agentgym.algorithms.offline.sft import SFTRunConfig, TrainerOptimConfig, trl_training_kwargs
 from agentgym.config import ConfigError, load_config

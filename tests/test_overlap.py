@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentgym.algorithms.overlap import Collected, Prefetcher
-from agentgym.algorithms.config import TrainConfig
-from agentgym.algorithms.trainer import Trainer
+from agentgym.algorithms.loop.overlap import Collected, Prefetcher
+from agentgym.algorithms.loop.train_config import TrainConfig
+from agentgym.algorithms.loop.trainer import Trainer
 from agentgym.config import ConfigError, load_config
 
 TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4",

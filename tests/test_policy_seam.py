@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentgym.algorithms import LoraSettings
-from agentgym.policies.registry import POLICY_BACKENDS, BackendUnavailable, resolve_backend
+from agentgym.policies.backends import POLICY_BACKENDS, BackendUnavailable, resolve_backend
 from agentgym.policies.loading import load_policy
 from agentgym.policies.transformers_policy import TransformersPolicy
 from agentgym.policy import SamplingParams

@@ -65,8 +65,8 @@ def test_the_kernel_module_imports_no_part_and_no_application():
 
 
 def test_a_training_run_records_its_commit_beside_the_keys_it_always_wrote(tmp_path):
-    from agentgym.algorithms.trainer import Trainer
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.trainer import Trainer
+    from agentgym.algorithms.loop.train_config import TrainConfig
     from agentgym.config import load_config
     cfg = load_config(TrainConfig, overrides=[
         "env=Arithmetic-v0", "model=tiny-random", "steps=1", "groups_per_step=1", "group_size=2",

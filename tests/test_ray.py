@@ -144,7 +144,7 @@ def test_placement_gives_ray_vllm_workers_the_run_s_bf16(monkeypatch):
     sampler when the run's precision is bf16, the loader's default otherwise (the pool's construction is
     recorded instead of starting vLLM engines in actors)."""
     import agentgym.policies.ray_pool as ray_pool
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     from agentgym.policies.placement import place_sampler
     from agentgym.precision import resolve_precision
     seen: dict = {}

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from agentgym.algorithms.run_control import release_memory, rss_bytes
+from agentgym.algorithms.loop.run_control import release_memory, rss_bytes
 
 
 def _glibc() -> bool:

@@ -18,8 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from agentgym.algorithms.health import Alarm, HealthConfig, HealthMonitor
-from agentgym.algorithms.overlap import Prefetcher
+from agentgym.algorithms.loop.health import Alarm, HealthConfig, HealthMonitor
+from agentgym.algorithms.loop.overlap import Prefetcher
 from agentgym.envs.services.retrieval.remote import RemoteRetriever
 from agentgym.envs.services.sandbox.base import SandboxError
 from agentgym.envs.services.sandbox.warm import Channel, Runner, WarmSandbox

@@ -50,8 +50,8 @@ def test_a_used_directory_is_refused_before_anything_is_prepared(tmp_path, prepa
 
 
 def test_trainer_from_python_prepares_its_own(tmp_path):
-    from agentgym.algorithms.config import TrainConfig
-    from agentgym.algorithms.trainer import Trainer
+    from agentgym.algorithms.loop.train_config import TrainConfig
+    from agentgym.algorithms.loop.trainer import Trainer
     from agentgym.config import load_config
     used = tmp_path / "used"
     used.mkdir()

@@ -16,8 +16,8 @@ import torch
 
 import agentgym
 from agentgym.algorithms import OptimConfig, PPOConfig, make_learner
-from agentgym.algorithms.config import TrainConfig
-from agentgym.algorithms.trainer import Trainer
+from agentgym.algorithms.loop.train_config import TrainConfig
+from agentgym.algorithms.loop.trainer import Trainer
 from agentgym.config import ConfigError, load_config
 from agentgym.envs.services.retrieval import create_app
 from agentgym.envs.searchqa.data import bundled_dataset, save_search_r1_parquet, to_search_r1_rows

@@ -251,7 +251,7 @@ def test_killed_rl_run_resumes_from_its_last_checkpoint(tmp_path):
         p = subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=log, stderr=subprocess.STDOUT,
                              env=env, cwd=tmp_path, start_new_session=True)
         deadline = time.monotonic() + 300
-        from agentgym.algorithms.run_control import latest_checkpoint
+        from agentgym.algorithms.loop.run_control import latest_checkpoint
         while latest_checkpoint(ckpts.parent) is None:   # a whole one (a checkpoint is written aside, then renamed)
             assert time.monotonic() < deadline and p.poll() is None, (tmp_path / "first.txt").read_text()[-3000:]
             time.sleep(0.05)
@@ -284,7 +284,7 @@ def test_a_study_is_the_same_wherever_its_folders_are():
 def test_a_study_resumes_with_other_micro_batches():
     """A token budget (or a smaller micro-batch after an out-of-memory) set in the config of a study under
     way resumes it: micro-batching does not change what a run learns. The learning rate does."""
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     from agentgym.config import to_dict
     mod = _module()
     cfg = to_dict(TrainConfig())

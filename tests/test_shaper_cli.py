@@ -133,7 +133,7 @@ def test_plain_callable_and_class_become_named_terms(pkg):
 
 def test_the_config_keeps_plain_strings_and_the_env_holds_the_shaper(pkg, tmp_path):
     """What the trainer saves as config.yaml is the user's strings, readable back to the same run."""
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     cfg = load_config(TrainConfig, None,
                       [f"env={ENV_ID}", "env_kwargs.reward={mypkg.shapers:brevity: 0.2, format: 0.5}"])
     assert cfg.env_kwargs == {"reward": {"mypkg.shapers:brevity": 0.2, "format": 0.5}}

@@ -59,9 +59,9 @@ def test_a_pair_with_an_unscored_side_is_left_out_and_not_counted():
 
 
 def test_compare_table_says_which_differences_are_significant():
-    from agentgym.algorithms.compare_arms import RunRecord, parse_variants
-    from agentgym.algorithms.compare_report import markdown_table, summarize_runs
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.compare.arms import RunRecord, parse_variants
+    from agentgym.algorithms.compare.report import markdown_table, summarize_runs
+    from agentgym.algorithms.loop.train_config import TrainConfig
 
     def run(label, seed, rewards):
         hist = [{"step": float(i + 1), "rollout/reward_mean": r, "rollout/success_rate": r, "time/step_s": 1.0,

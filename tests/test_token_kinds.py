@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from agentgym.algorithms.batch import collate, kind_codes
+from agentgym.algorithms.loop.batch import collate, kind_codes
 from agentgym.envs.searchqa.env import SearchQAEnv
 from agentgym.formatting import ChatFormatter, ContinuationFormatter, message_kind
 from agentgym.policies.scripted import ScriptedPolicy

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentgym.algorithms.config import TrainConfig
+from agentgym.algorithms.loop.train_config import TrainConfig
 from agentgym.config import ConfigError, load_config
 
 TINY = ["model=tiny-random", "algo=grpo", "groups_per_step=2", "group_size=2", "sampling.max_new_tokens=4",
@@ -87,8 +87,8 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_backend_options_reach_the_sampler_and_bad_ones_are_refused(tmp_path):
-    from agentgym.algorithms.trainer import Trainer
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.trainer import Trainer
+    from agentgym.algorithms.loop.train_config import TrainConfig
     cfg = load_config(TrainConfig, overrides=["model=tiny-random", "backend=hf", f"output_dir={tmp_path / 'a'}",
                                               "tensorboard=false", "backend_options.kv_cache_tokens=256",
                                               "backend_options.reuse_kv=false"])
@@ -103,8 +103,8 @@ def test_sampled_held_out_eval_scores_each_task_by_the_mean_of_its_samples(tmp_p
     """eval.samples=k: k episodes per held-out task, sampled as in training; a task's success is their mean."""
     from types import SimpleNamespace
 
-    from agentgym.algorithms.trainer import Trainer
-    from agentgym.algorithms.held_out import eval_rollout_config, task_successes
+    from agentgym.algorithms.loop.trainer import Trainer
+    from agentgym.algorithms.loop.held_out import eval_rollout_config, task_successes
     base = ["model=tiny-random", "env=Arithmetic-v0", "env_kwargs={hard_fraction: 0.0, max_turns: 2}",
             "eval.episodes=2", "sampling.max_new_tokens=4", "tensorboard=false"]
     greedy = load_config(TrainConfig, overrides=base)
@@ -147,7 +147,7 @@ def test_sampled_held_out_eval_scores_each_task_by_the_mean_of_its_samples(tmp_p
 
 def test_held_out_gain_leaves_out_tasks_a_service_failure_left_unscored():
     """A run's held-out gain (curves.held_out_gain, the "gain" entry of evals.json): on the tasks scored before and after."""
-    from agentgym.algorithms.curves import held_out_gain
+    from agentgym.algorithms.loop.curves import held_out_gain
     gain = held_out_gain({"successes": [0.0, 0.0, math.nan, 1.0]}, {"successes": [1.0, 0.0, 1.0, 1.0]})
     assert gain["tasks"] == 3.0 and gain["success_gain"] == pytest.approx(1 / 3)
     assert held_out_gain({"successes": [0.0]}, {"successes": [0.0, 1.0]}) is None   # not the same tasks

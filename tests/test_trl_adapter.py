@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer on an agentgym env through ``agentgym.algorithms.trl_adapter``.
+"""TRL's GRPOTrainer on an agentgym env through ``agentgym.algorithms.offline.trl_adapter``.
 
 One short real run (a tiny random Llama with the SmolLM2 tokenizer, 2 steps on the CPU, Arithmetic-v0
 with two turns, so every completion holds environment tokens between policy turns) is shared by the

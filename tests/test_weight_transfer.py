@@ -75,7 +75,7 @@ def test_nccl_only_when_every_rank_has_a_gpu_of_its_own():
 
 
 def test_unknown_weight_transfer_is_a_clear_error():
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     with pytest.raises(ValueError, match="weight_transfer must be one of auto, object_store, collective; got 'nccl'"):
         RayPolicyPool("tiny-random", num_workers=1, weight_transfer="nccl")
     with pytest.raises(ValueError, match="weight_transfer must be one of"):

@@ -49,7 +49,7 @@ def load_policy(spec: str, env_id: str | None = None, *, device: str | None = No
     output directory · ``tiny-random`` (2-layer random Llama, for smoke tests) · ``oracle`` (the env's
     scripted reference policy, using privileged task info) · ``openai:MODEL@BASE_URL`` (a hosted
     OpenAI-compatible chat endpoint; evaluation only). ``backend``: a name registered in
-    :mod:`agentgym.policies.registry`, or None (default).
+    :mod:`agentgym.policies.backends`, or None (default).
     """
     from agentgym.config import ConfigError
     from agentgym.policies.loading import load_policy as load

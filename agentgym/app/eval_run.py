@@ -53,7 +53,7 @@ class EvalRunConfig(RolloutViews):
                                    metadata={"help": "sampling and token layout of the episodes"})
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, cuda:1 ... (null: cuda when there is one)"})
     backend: str | None = field(default=None, metadata={
-        "help": "generation engine registered in agentgym.policies.registry (null: the registry's choice here)"})
+        "help": "generation engine registered in agentgym.policies.backends (null: the registry's choice here)"})
     html: str | None = field(default=None, metadata={"help": "write the HTML trajectory report to this file"})
     json: str | None = field(default=None, metadata={
         "help": "write config, metrics (mean, std), per-task successes and trajectories as JSON to this file"})

@@ -2,7 +2,7 @@
 default and one line of help.
 
 Which config a command reads is the command line's business, so the mapping lives here, in the app: the
-configs themselves stay in the parts that declare them (``TrainConfig`` in :mod:`agentgym.algorithms.config`,
+configs themselves stay in the parts that declare them (``TrainConfig`` in :mod:`agentgym.algorithms.loop.train_config`,
 ``SFTRunConfig``/``DPORunConfig`` in :mod:`agentgym.algorithms.offline`, ``EvalRunConfig`` in
 :mod:`agentgym.app.eval_run`). An env's settings are the fields of its ``config_class`` (types, defaults
 and help, as the env declares them: every built-in env has one); a user's env without one is described by
@@ -23,7 +23,7 @@ __all__ = ["COMMAND_CONFIGS", "command_config", "describe_configs", "env_setting
 
 #: Each command's root config as ``module:Class``, imported only when asked for.
 COMMAND_CONFIGS: dict[str, str] = {
-    "train": "agentgym.algorithms.config:TrainConfig",
+    "train": "agentgym.algorithms.loop.train_config:TrainConfig",
     "sft": "agentgym.algorithms.offline.sft:SFTRunConfig",
     "dpo": "agentgym.algorithms.offline.dpo:DPORunConfig",
     "eval": "agentgym.app.eval_run:EvalRunConfig",

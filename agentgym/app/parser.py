@@ -85,7 +85,7 @@ def add_check(sub: Any) -> None:
 
 def add_eval(sub: Any) -> None:
     """``agentgym eval [ENV_ID]``: its flags set EvalRunConfig fields, only when given."""
-    from agentgym.policies.registry import backend_names
+    from agentgym.policies.backends import backend_names
     p = sub.add_parser("eval", help="evaluate a policy or checkpoint on an env's held-out tasks (mean and std)",
                        description="Flags set EvalRunConfig fields; --config FILE and KEY=VALUE overrides work as in "
                                    "`agentgym train` (defaults < file < flags < overrides).",

@@ -23,7 +23,7 @@ def _versioned(cfg: Any, args: argparse.Namespace, command: str,
     hint on how to continue it."""
     import dataclasses
 
-    from agentgym.algorithms.distributed import env_rank
+    from agentgym.algorithms.loop.distributed import env_rank
     from agentgym.runs import default_output_dir, output_dir_was_given
     if output_dir_was_given(args.config, list(args.overrides or [])):
         return cfg
@@ -88,10 +88,10 @@ def _interrupted_message(stop: Any, args: argparse.Namespace, out: str) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from agentgym.algorithms.run_control import ServiceOutage
-    from agentgym.algorithms.config import TrainConfig
-    from agentgym.algorithms.trainer import Trainer
-    from agentgym.algorithms.run_control import TrainingInterrupted, finished_run, interrupted_run, latest_checkpoint
+    from agentgym.algorithms.loop.run_control import ServiceOutage
+    from agentgym.algorithms.loop.train_config import TrainConfig
+    from agentgym.algorithms.loop.trainer import Trainer
+    from agentgym.algorithms.loop.run_control import TrainingInterrupted, finished_run, interrupted_run, latest_checkpoint
     from agentgym.app.run_reports import TrajectoryReport
     from agentgym.config import ConfigError, load_config
     from agentgym.runs import prepare_output_dir
@@ -106,7 +106,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if cfg.algo.lower() not in LEARNERS:
         raise ConfigError(f"algo: unknown algorithm {cfg.algo!r} for `agentgym train`; choose from {', '.join(sorted(LEARNERS))}"
                           + (" (trl-grpo runs through `agentgym compare --algos trl-grpo`)" if cfg.algo == "trl-grpo" else ""))
-    from agentgym.algorithms.distributed import env_rank
+    from agentgym.algorithms.loop.distributed import env_rank
     main_rank = env_rank() == 0           # under torchrun only rank 0 writes and prints
     # prepared here, before the slow model load, and only here: the Trainer is told it is done
     prepared = prepare_output_dir(cfg.output_dir, resume=args.resume, overwrite=args.overwrite,
@@ -144,7 +144,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _int_list(text: str, what: str) -> int | list[int]:
     """``"3"`` → 3; ``"0,5"`` → [0, 5] (a comma makes it a list); a one-line error otherwise."""
-    from agentgym.algorithms.compare_arms import CompareError
+    from agentgym.algorithms.compare.arms import CompareError
     try:
         return [int(x) for x in text.split(",") if x.strip()] if "," in text else int(text)
     except ValueError:
@@ -152,8 +152,8 @@ def _int_list(text: str, what: str) -> int | list[int]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from agentgym.algorithms.compare import compare
-    from agentgym.algorithms.compare_arms import CompareError
+    from agentgym.algorithms.compare.harness import compare
+    from agentgym.algorithms.compare.arms import CompareError
     steps = _int_list(args.steps, "--steps")
     if not isinstance(steps, int):
         raise CompareError(f"--steps must be one integer, got {args.steps!r}")
@@ -162,7 +162,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         args.out = str(default_output_dir("runs/compare", resume=args.resume or args.report_only,
                                           overwrite=args.overwrite))
     set_threads(args.threads, verbose=False)  # compare's own first line reports the setup
-    from agentgym.algorithms.run_control import ServiceOutage
+    from agentgym.algorithms.loop.run_control import ServiceOutage
     from agentgym.app.run_reports import TrajectoryReport
     try:
         result = compare(args.algos, _int_list(args.seeds, "--seeds"), steps, env=args.env, config=args.config,

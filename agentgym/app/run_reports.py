@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from agentgym.algorithms.events import TrainerEvents
+from agentgym.algorithms.loop.events import TrainerEvents
 
 __all__ = ["TrajectoryReport"]
 
@@ -19,7 +19,7 @@ class TrajectoryReport(TrainerEvents):
     """Writes ``<output_dir>/eval_trajectories.html`` when the run is done."""
 
     def run_done(self, trainer: Any, eval_trajectories: Sequence[Any]) -> None:
-        from agentgym.algorithms.health import health_section
+        from agentgym.algorithms.loop.health import health_section
         from agentgym.app.report import write_html_report
         from agentgym.rollout_metrics import summarize
         out = trainer.out

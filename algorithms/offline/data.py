@@ -98,7 +98,7 @@ def source_policy(source: str, model_policy: Any, env_id: str) -> Any:
             raise ValueError(f"{env_id} defines no oracle; use data.source=self or a model")
         return ScriptedPolicy(model_policy.tokenizer, oracle)
     from agentgym.policies.loading import load_policy
-    from agentgym.policies.registry import trainable_backend
+    from agentgym.policies.backends import trainable_backend
     teacher = load_policy(source, trainable_backend(), device=str(model_policy.device))   # the one loader
     if teacher.tokenizer.get_vocab() != model_policy.tokenizer.get_vocab():
         raise ValueError(f"data.source {source!r} has another tokenizer than the model; token-level data "

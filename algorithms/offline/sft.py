@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from agentgym.config import save_config
 from agentgym.rollout_config import RolloutConfig, RolloutViews
 
-from agentgym.algorithms.optim import LoraSettings, OptimConfig, peft_lora_config
+from agentgym.algorithms.loop.optim import LoraSettings, OptimConfig, peft_lora_config
 from agentgym.algorithms.offline.data import (OFFLINE_ROLLOUT_ALIASES, CollectConfig, collect_trajectories, offline_rollout, load_trajectories,
                                               sft_dataset, source_policy, successful)
 
@@ -36,7 +36,7 @@ __all__ = ["TrainerOptimConfig", "OfflineRunConfig", "SFTData", "SFTRunConfig", 
 @dataclass
 class TrainerOptimConfig(OptimConfig):
     """The ``optim:`` section of SFT and DPO: the one optimizer config
-    (:class:`~agentgym.algorithms.optim.OptimConfig`: ``lr``, ``betas``, ``weight_decay``,
+    (:class:`~agentgym.algorithms.loop.optim.OptimConfig`: ``lr``, ``betas``, ``weight_decay``,
     ``warmup_steps`` / ``warmup_ratio``, ``schedule``, ``max_grad_norm``) plus the data loop of a
     Hugging Face ``Trainer``.
 
@@ -172,7 +172,7 @@ def prepare_run(cfg: Any, overwrite: bool = False) -> tuple[Path, Any]:
     from transformers import set_seed
 
     from agentgym.policies.loading import load_policy
-    from agentgym.policies.registry import trainable_backend
+    from agentgym.policies.backends import trainable_backend
     from agentgym.runs import prepare_output_dir
     out = prepare_output_dir(cfg.output_dir, overwrite=overwrite, command=type(cfg).__name__[:3].lower())
     save_config(cfg, out / "config.yaml")

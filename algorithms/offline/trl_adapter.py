@@ -382,7 +382,7 @@ def _as_policy(policy: Any, seed: int) -> Any:
     if not isinstance(policy, str):
         return policy
     from agentgym.policies.loading import load_policy
-    from agentgym.policies.registry import trainable_backend
+    from agentgym.policies.backends import trainable_backend
     return load_policy(policy, trainable_backend(), seed=seed)
 
 

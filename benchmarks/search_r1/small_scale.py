@@ -131,7 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_train_config(args: argparse.Namespace, algo: str | None = None) -> Any:
     """The study's TrainConfig; with ``algo``, that arm's (the one ``learner:`` section of the file read as
     the algorithm's typed learner config)."""
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     from agentgym.config import load_config
     overrides = list(args.override) + ([f"algo={algo}"] if algo else [])
     for flag, key in (("model", "model"), ("retriever", "env_kwargs.retriever"),
@@ -210,7 +210,7 @@ def run_rl(policy: Any, cfg: Any, algo: str, mask: bool, seed: int, out_dir: Pat
 
     ``resume``: continue the run in ``out_dir`` from its last checkpoint (a session killed mid-run), if it
     has one; otherwise (and without ``resume``) the run starts from step 0 and replaces what is there."""
-    from agentgym.algorithms.trainer import Trainer
+    from agentgym.algorithms.loop.trainer import Trainer
     learner = replace(cfg.learner, mask_env_tokens=mask, seed=seed)
     if algo == "ppo":   # Search-R1 PPO: KL in the reward, k1 estimator; GAE gamma = lam = 1 (the defaults)
         learner = replace(learner, kl_in="reward", kl_estimator="k1")
@@ -539,7 +539,7 @@ def _same_fingerprint(recorded: dict[str, Any], current: dict[str, Any]) -> bool
     """The same study: the same flags, and the same config up to knobs added since, left at their default,
     and up to knobs that do not change what a run learns (``TrainConfig.RESULT_NEUTRAL``: micro-batching,
     checkpoint keeping, where it is written)."""
-    from agentgym.algorithms.config import TrainConfig
+    from agentgym.algorithms.loop.train_config import TrainConfig
     from agentgym.config import same_config, to_dict
     defaults = json.loads(json.dumps(to_dict(TrainConfig()), default=str))
     args = {k: v for k, v in (recorded.get("args") or {}).items() if k not in _FREE}   # recorded before runs_dir was free
@@ -599,7 +599,7 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
 
     from agentgym.config import to_dict
     from agentgym.policies.loading import load_policy
-    from agentgym.policies.registry import trainable_backend
+    from agentgym.policies.backends import trainable_backend
     out, runs_dir = Path(args.out), Path(args.runs_dir)
     out.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
@@ -675,7 +675,7 @@ def run_study(args: argparse.Namespace, argv: list[str] | None, cfg: Any, progre
             run = run_rl(policy, arm_cfg, algo, mask, seed, runs_dir / name, args.keep_checkpoints,
                          checkpoint_every=args.checkpoint_every, resume=args.resume)
             timings[f"rl_{name}"] = time.perf_counter() - t0
-            from agentgym.algorithms.run_control import release_memory
+            from agentgym.algorithms.loop.run_control import release_memory
             before, after = release_memory()
             log(f"  {name}: {timings[f'rl_{name}']:.0f} s" + (
                 f", process RSS {before / 2**30:.1f} -> {after / 2**30:.1f} GiB once the run's memory was released"

@@ -31,10 +31,9 @@ import torch
 
 from agentgym.trajectory import Trajectory
 
-from agentgym.algorithms.batch import pad_token_lists
-from agentgym.algorithms.losses import Settings, masked_whiten
-from agentgym.algorithms.registry import Registry
-from agentgym.algorithms.returns import (CREDITS, broadcast_to_tokens, discounted_returns, episode_returns, gae,
+from agentgym.algorithms.maths.losses import Settings, masked_whiten
+from agentgym.algorithms.parts import Registry
+from agentgym.algorithms.maths.returns import (CREDITS, pad_token_lists, broadcast_to_tokens, discounted_returns, episode_returns, gae,
                                          group_normalize, leave_one_out, make_baseline, observation_history_keys,
                                          rebn, turn_gae, turn_group_normalize, turn_rewards)
 
@@ -138,7 +137,7 @@ class AdvantageInputs:
         return [t.group_id for t in self.trajectories]
 
     def turn_rewards(self) -> list[list[float]]:
-        """Per trajectory, each turn's reward (:func:`~agentgym.algorithms.returns.turn_rewards`)."""
+        """Per trajectory, each turn's reward (:func:`~agentgym.algorithms.maths.returns.turn_rewards`)."""
         rows = self.rewards.detach().cpu().tolist()
         return [turn_rewards(row[:len(t.token_ids)], t.turn_spans) for t, row in zip(self.trajectories, rows)]
 
@@ -289,7 +288,7 @@ def _group_advantage(inputs: AdvantageInputs, config: Any, loo: bool) -> tuple[t
       on all its turns.
     * ``turn``: each turn's return-to-go against turn-level baselines — the group's turns with the
       same observation history, else the group's turns at the same index
-      (:func:`~agentgym.algorithms.returns.turn_group_normalize`).
+      (:func:`~agentgym.algorithms.maths.returns.turn_group_normalize`).
     * ``gigpo``: GiGPO (Feng et al., 2025, arXiv:2505.10978): the episode advantage plus
       ``turn_adv_weight`` × the turn advantage within groups of equal observation history (0 for a turn
       without a peer).
@@ -338,9 +337,9 @@ def gae_advantage(inputs: AdvantageInputs, config: Any) -> tuple[torch.Tensor, t
     (``whiten_advantages``).
 
     * ``token`` (default): over the sequence of policy tokens (env tokens skipped), ``gamma`` and
-      ``lam`` per token (:func:`~agentgym.algorithms.returns.gae`).
+      ``lam`` per token (:func:`~agentgym.algorithms.maths.returns.gae`).
     * ``turn``: one step per turn, the value read at each turn's first token, every token of a turn
-      sharing its advantage and return (:func:`~agentgym.algorithms.returns.turn_gae`).
+      sharing its advantage and return (:func:`~agentgym.algorithms.maths.returns.turn_gae`).
     """
     if inputs.credit == "token":
         adv, ret = gae(inputs.rewards, inputs.values, inputs.mask, config.gamma, config.lam)

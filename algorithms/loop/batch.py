@@ -1,6 +1,6 @@
 """One batch format for every learner: trajectories collated into right-padded ``(B, T)`` tensors.
 
-All per-token tensors use the token-position alignment of :mod:`agentgym.algorithms.losses`
+All per-token tensors use the token-position alignment of :mod:`agentgym.algorithms.maths.losses`
 (entry ``t`` is about token ``t``). Learners fill ``advantages``/``returns`` (and, when needed,
 ``ref_logprobs``/``old_values``) after collating; :meth:`Batch.micro_batches` then cuts the batch
 for gradient accumulation, each piece trimmed to its own longest sequence.
@@ -17,7 +17,7 @@ import torch
 
 from agentgym.trajectory import SAMPLED_KINDS, TOKEN_KINDS, Trajectory
 
-__all__ = ["Batch", "collate", "pad_token_lists", "kind_codes"]
+__all__ = ["Batch", "collate", "kind_codes"]
 
 
 _KIND_CODE = {k: i for i, k in enumerate(TOKEN_KINDS)}
@@ -29,17 +29,6 @@ def kind_codes(kinds: Sequence[str]) -> list[int]:
         return [_KIND_CODE[k] for k in kinds]
     except KeyError as e:
         raise ValueError(f"unknown token kind {e.args[0]!r}; kinds are {list(TOKEN_KINDS)}") from None
-
-
-def pad_token_lists(rows: Sequence[Sequence[float]], width: int | None = None, *, value: float = 0.0,
-                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Right-pad lists of per-token numbers into a ``(len(rows), width)`` tensor."""
-    width = max((len(r) for r in rows), default=0) if width is None else width
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    for i, r in enumerate(rows):
-        if len(r):
-            out[i, : len(r)] = torch.as_tensor(list(r), dtype=dtype)
-    return out
 
 
 @dataclass

@@ -30,16 +30,16 @@ from agentgym.precision import resolve_precision
 from agentgym.threads import recheck as recheck_threads
 
 from agentgym.algorithms.catalog import make_learner
-from agentgym.algorithms.curves import held_out_gain, plot_curves
-from agentgym.algorithms.events import TrainerEvents, dispatch
-from agentgym.algorithms.group_filter import GroupSampler
-from agentgym.algorithms.health import HealthMonitor, batch_health
-from agentgym.algorithms.overlap import Prefetcher
-from agentgym.algorithms.run_control import (ServiceOutage, TrainingInterrupted, WholeSteps, checkpoint_step,
+from agentgym.algorithms.loop.curves import held_out_gain, plot_curves
+from agentgym.algorithms.loop.events import TrainerEvents, dispatch
+from agentgym.algorithms.loop.group_filter import GroupSampler
+from agentgym.algorithms.loop.health import HealthMonitor, batch_health
+from agentgym.algorithms.loop.overlap import Prefetcher
+from agentgym.algorithms.loop.run_control import (ServiceOutage, TrainingInterrupted, WholeSteps, checkpoint_step,
                                              discard_unstarted, latest_checkpoint, prune_checkpoints, rng_state,
                                              save_model_quietly, set_rng_state)
-from agentgym.algorithms.config import TrainConfig, torch_dtype
-from agentgym.algorithms.held_out import (eval_line, eval_rollout_config, rollout_config, scored_eval)
+from agentgym.algorithms.loop.train_config import TrainConfig, torch_dtype
+from agentgym.algorithms.loop.held_out import (eval_line, eval_rollout_config, rollout_config, scored_eval)
 
 __all__ = ["train", "Trainer"]
 
@@ -55,7 +55,7 @@ def _step_seed(seed: int, step: int) -> int:
 
 
 class Trainer:
-    """One training run. It reports through ``events`` (:class:`~agentgym.algorithms.events.TrainerEvents`:
+    """One training run. It reports through ``events`` (:class:`~agentgym.algorithms.loop.events.TrainerEvents`:
     step done, alarm, eval done, checkpoint saved, run done) and never calls the application: the CLI
     subscribes to write the HTML report, the comparison harness to record which tasks each step drew."""
 
@@ -68,14 +68,14 @@ class Trainer:
         self.out = Path(cfg.output_dir)
         # each step's groups: one engine call, or with group_filter.* refilled for signal / drawn by difficulty
         self.groups = GroupSampler(cfg.group_filter, cfg.groups_per_step, cfg.group_size, log=self.log)
-        from agentgym.algorithms.distributed import init_from_env
+        from agentgym.algorithms.loop.distributed import init_from_env
         self.dist = init_from_env(cfg.device)   # None in one process; torchrun: this rank's process group
         self.is_main = self.dist is None or self.dist.is_main
         if self.dist is not None and cfg.groups_per_step % self.dist.world_size:
             raise ValueError(f"groups_per_step={cfg.groups_per_step} must be divisible by the number of "
                              f"processes ({self.dist.world_size})")
         if cfg.fsdp and self.dist is None:
-            from agentgym.algorithms.distributed import under_torchrun
+            from agentgym.algorithms.loop.distributed import under_torchrun
             if not under_torchrun():
                 raise ValueError("fsdp=true needs torchrun (FSDP2 shards the model across the processes: "
                                  "torchrun --nproc-per-node N -m agentgym train fsdp=true ...)")
@@ -88,7 +88,7 @@ class Trainer:
             raise ValueError("fsdp=true with rollout_workers > 0 is not supported yet: use one engine per rank")
         _set_seed(cfg.seed)
         from agentgym.policies.placement import place_sampler
-        from agentgym.policies.registry import resolve_backend
+        from agentgym.policies.backends import resolve_backend
         backend = resolve_backend(cfg.backend, notice=self.log)
         # one precision for the whole run, decided before anything loads (a probe, cached per machine)
         device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -237,7 +237,7 @@ class Trainer:
         """Take ``before`` (an :meth:`evaluate` result of this run's initial weights on the same eval, made by
         another run: ``source``) as this run's eval before training instead of evaluating again. Only
         valid where the weights, the held-out tasks and the draws are the same, as in a comparison's arms
-        of one seed; :func:`~agentgym.algorithms.compare.compare` checks that."""
+        of one seed; :func:`~agentgym.algorithms.compare.harness.compare` checks that."""
         if self.step != 0 or any(ev["tag"] == "before" for ev in self.evals):
             raise ValueError("use_before_eval: this run has trained or already has its eval before training")
         m = {**dict(before), "tag": "before", "step": 0.0}
@@ -324,7 +324,7 @@ class Trainer:
 
     def _collect(self, step: int) -> Any:
         """``step``'s rollout batch: seeded by the step alone, so it does not matter which thread collects it."""
-        from agentgym.algorithms.distributed import gather_lists
+        from agentgym.algorithms.loop.distributed import gather_lists
         cfg = self.cfg
         world, rank = (self.dist.world_size, self.dist.rank) if self.dist is not None else (1, 0)
         # each rank its own groups and seeds (rank 0's are those of a one-process run)
@@ -379,7 +379,7 @@ class Trainer:
             self.evaluate("before")
         self._bar = tqdm(total=cfg.steps, initial=self.step, desc=f"{cfg.algo} on {cfg.env}", unit="step",
                          disable=not main)
-        ahead = cfg.max_staleness > 0   # generation of step k+1 overlaps update k (algorithms/overlap.py)
+        ahead = cfg.max_staleness > 0   # generation of step k+1 overlaps update k (algorithms/loop/overlap.py)
         while self.step < cfg.steps:
             recheck_threads()   # torch threads follow the load between steps (agentgym.threads)
             t0 = time.perf_counter()

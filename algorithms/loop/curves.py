@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from agentgym.algorithms.health import Alarm
+from agentgym.algorithms.loop.health import Alarm
 
 __all__ = ["held_out_gain", "plot_curves"]
 

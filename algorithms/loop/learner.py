@@ -10,9 +10,9 @@ Usage (the trainer loop's whole contact with this module)::
 with no gradient, compute what the advantages need (old log-probs recomputed when a separate engine
 sampled, reference log-probs when ``kl_coef > 0``, value estimates with a critic); turn the token
 rewards (minus ``kl_coef · KL`` when ``kl_in="reward"``) into per-token advantages with the estimator
-(:mod:`.advantages`); then ``epochs`` passes over minibatches, each one optimizer step accumulated
-over micro-batches, with the shared loss (:func:`~agentgym.algorithms.losses.ppo_objective`) around the
-objective's term (:mod:`.objectives`). A minibatch whose loss or gradient norm is not finite is
+(:mod:`..maths.advantages`); then ``epochs`` passes over minibatches, each one optimizer step accumulated
+over micro-batches, with the shared loss (:func:`~agentgym.algorithms.maths.losses.ppo_objective`) around the
+objective's term (:mod:`..maths.objectives`). A minibatch whose loss or gradient norm is not finite is
 skipped: no optimizer step, weights and optimizer state untouched, counted in ``metrics["skipped"]``.
 
 Shared machinery (:mod:`.optim`): AdamW (no weight decay on biases and norms), warmup +
@@ -20,7 +20,7 @@ constant/linear/cosine schedule stepped once per ``update`` (so ``total_steps`` 
 does), gradient clipping, LoRA through ``peft`` (the reference model is then the same network with the
 adapter disabled), gradient checkpointing; the run's precision (:mod:`agentgym.precision`: bf16
 autocast over fp32 master weights where it is faster); data parallelism under ``torchrun``
-(:mod:`.parallel`). The registry of learners and the built-ins are in :mod:`.catalog`.
+(:mod:`.parallel`). The registry of learners and the built-ins are in :mod:`..catalog`.
 """
 
 from __future__ import annotations
@@ -38,17 +38,17 @@ from torch import nn
 from agentgym.precision import learner_precision
 from agentgym.trajectory import Trajectory
 
-from agentgym.algorithms import distributed
-from agentgym.algorithms.advantages import ADVANTAGES, AdvantageEstimator, AdvantageInputs
-from agentgym.algorithms.batch import Batch, collate
-from agentgym.algorithms.critic import Critic, CriticSettings, ValueModel
-from agentgym.algorithms.learner_config import check_temperature, check_token_kinds
-from agentgym.algorithms.losses import LossSettings, kl_penalty, masked_mean, ppo_objective, token_logprobs
-from agentgym.algorithms.objectives import OBJECTIVES, PolicyObjective
-from agentgym.algorithms.optim import (LoraSettings, OptimConfig, adamw, apply_lora, enable_checkpointing, is_peft,
+from agentgym.algorithms.loop import distributed
+from agentgym.algorithms.maths.advantages import ADVANTAGES, AdvantageEstimator, AdvantageInputs
+from agentgym.algorithms.loop.batch import Batch, collate
+from agentgym.algorithms.maths.critic import Critic, CriticSettings, ValueModel
+from agentgym.algorithms.loop.learner_config import check_temperature, check_token_kinds
+from agentgym.algorithms.maths.losses import LossSettings, kl_penalty, masked_mean, ppo_objective, token_logprobs
+from agentgym.algorithms.maths.objectives import OBJECTIVES, PolicyObjective
+from agentgym.algorithms.loop.optim import (LoraSettings, OptimConfig, adamw, apply_lora, enable_checkpointing, is_peft,
                                        lr_factor)
-from agentgym.algorithms.parallel import Parallel
-from agentgym.algorithms.learner_state import LearnerState
+from agentgym.algorithms.loop.parallel import Parallel
+from agentgym.algorithms.loop.learner_state import LearnerState
 
 __all__ = ["Learner"]
 
@@ -59,7 +59,7 @@ class Learner(LearnerState):
     """Trains ``policy.model`` (a ``transformers`` causal LM) in place from token-level trajectories.
 
     A learner class names its parts (``advantage_name``, ``objective_name``: keys of
-    :data:`~agentgym.algorithms.advantages.ADVANTAGES` and :data:`~agentgym.algorithms.objectives.OBJECTIVES`)
+    :data:`~agentgym.algorithms.maths.advantages.ADVANTAGES` and :data:`~agentgym.algorithms.maths.objectives.OBJECTIVES`)
     and its typed config (``config_class``: ``UpdateConfig`` plus its parts' settings blocks); the
     optimizer (``optim``) and a LoRA adapter (``lora``) are the run's, not the learner config's. Build one with
     :func:`~agentgym.algorithms.catalog.register_learner`, or subclass and override

@@ -4,7 +4,7 @@ A difference that reads as noise, or an arm that does not beat the negative cont
 causes, and the report must say which with figures: **no signal** (most groups sampled equal rewards,
 so group-relative advantages were zero), **collapse** (entropy or response length fell, or an action
 kind such as searching died out) or **budget** (there was signal and no collapse, but too few steps or
-seeds). Per arm, averaged over its seeds, from the logged diagnostics of :mod:`agentgym.algorithms.health`
+seeds). Per arm, averaged over its seeds, from the logged diagnostics of :mod:`agentgym.algorithms.loop.health`
 and each run's ``alarms.json``:
 
 * *groups without signal*: mean of ``health/zero_var_groups`` over the steps;
@@ -90,7 +90,7 @@ def health_lines(health: Mapping[str, Mapping[str, Any]]) -> list[str]:
     if not health:
         return []
     lines = ["**Training health** (mean over each arm's seeds; what tells *no signal*, *collapse* and *budget* apart, "
-             "see `agentgym.algorithms.compare_health`):", "",
+             "see `agentgym.algorithms.compare.health`):", "",
              "| algo | groups without signal | entropy first → last | response tokens first → last | grad norm "
              "| infra-error episodes | alarms (runs raising each) |", "|---|---:|---|---|---:|---:|---|"]
     for label, h in health.items():

@@ -1,8 +1,8 @@
 """What a learner saves and hands on: its checkpoint state and the policy's weights (a mixin of
-:class:`~agentgym.algorithms.learner.Learner`, kept apart so that the learner's file is its update loop).
+:class:`~agentgym.algorithms.loop.learner.Learner`, kept apart so that the learner's file is its update loop).
 
 Under FSDP these calls are collectives (every rank makes them): weights, a sharded critic and the
-optimizer state are gathered in full (:class:`~agentgym.algorithms.parallel.Parallel`), so a
+optimizer state are gathered in full (:class:`~agentgym.algorithms.loop.parallel.Parallel`), so a
 checkpoint does not depend on the number of processes that wrote it.
 """
 
@@ -15,7 +15,7 @@ from torch import nn
 
 from agentgym.policy import weight_name_mismatch
 
-from agentgym.algorithms.optim import is_peft
+from agentgym.algorithms.loop.optim import is_peft
 
 __all__ = ["LearnerState"]
 

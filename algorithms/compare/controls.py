@@ -25,9 +25,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from agentgym.algorithms.advantages import ADVANTAGES, AdvantageInputs, GroupSettings, ReturnSettings, register_advantage
+from agentgym.algorithms.maths.advantages import ADVANTAGES, AdvantageInputs, GroupSettings, ReturnSettings, register_advantage
 from agentgym.algorithms.catalog import GRPOConfig, learner_estimator, register_learner
-from agentgym.algorithms.returns import episode_returns, group_normalize
+from agentgym.algorithms.maths.returns import episode_returns, group_normalize
 
 __all__ = ["shuffled_group_advantage", "donor_indices", "is_negative_control_learner"]
 

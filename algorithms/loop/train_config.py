@@ -4,9 +4,9 @@ its sections.
 Every knob has a default and a one-line help (``field(metadata={"help": ...})``, TRL's way);
 :func:`agentgym.app.knobs.describe_configs` lists them (``agentgym config [train|sft|dpo|eval]``). Each
 knob is declared once, in the part that reads it, and reached by one path in every command: the
-optimizer is ``optim:`` (:class:`~agentgym.algorithms.optim.OptimConfig`, as in ``agentgym sft`` and
+optimizer is ``optim:`` (:class:`~agentgym.algorithms.loop.optim.OptimConfig`, as in ``agentgym sft`` and
 ``dpo``), a LoRA adapter ``lora:``, the model ``model``; the ``learner:`` section is the chosen
-algorithm's typed config (``GRPOConfig`` for ``algo=grpo``, … in :mod:`.catalog`, a user-registered
+algorithm's typed config (``GRPOConfig`` for ``algo=grpo``, … in :mod:`..catalog`, a user-registered
 learner's own class), checked against it key by key; the rollout settings are the kernel's one
 :class:`~agentgym.rollout_config.RolloutConfig`. Every config is checked once, on construction.
 """
@@ -24,10 +24,10 @@ from agentgym.precision import check_precision
 from agentgym.rollout_config import ROLLOUT_ALIASES, RolloutConfig, RolloutViews
 
 from agentgym.algorithms.catalog import learner_config_class
-from agentgym.algorithms.group_filter import GroupFilterConfig
-from agentgym.algorithms.health import HealthConfig
-from agentgym.algorithms.learner_config import UpdateConfig, check_temperature
-from agentgym.algorithms.optim import LoraSettings, OptimConfig
+from agentgym.algorithms.loop.group_filter import GroupFilterConfig
+from agentgym.algorithms.loop.health import HealthConfig
+from agentgym.algorithms.loop.learner_config import UpdateConfig, check_temperature
+from agentgym.algorithms.loop.optim import LoraSettings, OptimConfig
 
 __all__ = ["TrainConfig", "EvalConfig", "torch_dtype"]
 
@@ -153,7 +153,7 @@ class TrainConfig(RolloutViews):
         check_weight_transfer(self.weight_transfer)
         if not isinstance(self.backend_options, dict):
             raise ValueError(f"backend_options must be a mapping, got {self.backend_options!r}")
-        from agentgym.policies.registry import check_backend
+        from agentgym.policies.backends import check_backend
         check_backend(self.backend, self.backend_options)   # a registered name, and options it takes
         check_temperature(self.learner.temperature, self.rollout.sampling.logprob_temperature)
 

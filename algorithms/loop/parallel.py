@@ -17,8 +17,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from agentgym.algorithms import distributed
-from agentgym.algorithms.batch import Batch
+from agentgym.algorithms.loop import distributed
+from agentgym.algorithms.loop.batch import Batch
 
 __all__ = ["Parallel"]
 

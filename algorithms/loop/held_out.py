@@ -1,4 +1,4 @@
-"""A run's held-out eval, in one place for :class:`~agentgym.algorithms.trainer.Trainer`, the comparison
+"""A run's held-out eval, in one place for :class:`~agentgym.algorithms.loop.trainer.Trainer`, the comparison
 harness and runs trained elsewhere (``trl-grpo``): the same tasks (``eval.first_task`` on, the eval
 split), scored greedily or by the mean of ``eval.samples`` sampled episodes per task. The episodes run
 and are scored by the one evaluation path, :func:`agentgym.evaluation.run_eval`, as in ``agentgym eval``;
@@ -12,7 +12,7 @@ from agentgym.evaluation import per_task, run_eval
 from agentgym.rollout_config import RolloutConfig
 from agentgym.rollout import RolloutEngine, RolloutProgress
 
-from agentgym.algorithms.config import TrainConfig
+from agentgym.algorithms.loop.train_config import TrainConfig
 
 __all__ = ["rollout_config", "eval_rollout_config", "scored_eval", "task_successes", "eval_line"]
 

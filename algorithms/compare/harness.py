@@ -1,7 +1,7 @@
 """Algorithm comparison harness: several learners on one env, same tasks, same seeds, same budget.
 
 ``agentgym compare --env Arithmetic-v0 --algos reinforce,ppo,grpo --seeds 2 --steps 4`` runs one
-:class:`~agentgym.algorithms.trainer.Trainer` per (algorithm, seed) — the training loop is not
+:class:`~agentgym.algorithms.loop.trainer.Trainer` per (algorithm, seed) — the training loop is not
 duplicated here — each in ``OUT/<algo>/seed<k>/``, then writes into ``OUT``:
 
 - ``compare.csv``: long format, one row per (algo, seed, step) (``phase=train``) plus the
@@ -51,8 +51,8 @@ draws (its runs are left out of the same-tasks check and the table says so); of 
 settings it takes ``lr``, ``kl_coef`` (TRL's ``beta``) and ``micro_batch_size``, the rest are TRL's
 GRPO defaults.
 
-The parts: the arms (variants, each run's config, the starting policy) in ``compare_arms.py``; the
-runs here; the summary, intervals and artifacts in ``compare_report.py``.
+The parts: the arms (variants, each run's config, the starting policy) in :mod:`.arms`; the runs
+here; the summary, intervals and artifacts in :mod:`.report`; per-arm health in :mod:`.health`.
 """
 
 from __future__ import annotations
@@ -67,17 +67,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 from agentgym.config import load_config, same_config, to_dict
 
-from agentgym.algorithms.events import TrainerEvents
+from agentgym.algorithms.loop.events import TrainerEvents
 from agentgym.algorithms.catalog import learner_needs_groups
-from agentgym.algorithms.compare_arms import (DECLARATION_FILE, EXTERNAL_ALGOS, HARNESS_KEYS, CompareError, RunRecord,
+from agentgym.algorithms.compare.arms import (DECLARATION_FILE, EXTERNAL_ALGOS, HARNESS_KEYS, CompareError, RunRecord,
                                               Variant, _check_env, _PolicySource, _resolve, declare_metrics,
                                               parse_variants, run_commits)
-from agentgym.algorithms.compare_report import _check_same_tasks, _g, summarize_runs, write_artifacts
-from agentgym.algorithms.run_control import latest_checkpoint, release_memory
-from agentgym.algorithms.config import TrainConfig
-from agentgym.algorithms.trainer import Trainer
+from agentgym.algorithms.compare.report import _check_same_tasks, _g, summarize_runs, write_artifacts
+from agentgym.algorithms.loop.run_control import latest_checkpoint, release_memory
+from agentgym.algorithms.loop.train_config import TrainConfig
+from agentgym.algorithms.loop.trainer import Trainer
 
-# the arms (compare_arms.py) and the report (compare_report.py) are importable from here too
 __all__ = ["compare", "run_trl_grpo"]
 
 
@@ -94,7 +93,7 @@ def run_trl_grpo(cfg: TrainConfig, policy: Any | None = None, log: Callable[[str
     from agentgym.config import save_config
     from agentgym.rollout import RolloutEngine
 
-    from agentgym.algorithms.held_out import eval_line, eval_rollout_config, scored_eval
+    from agentgym.algorithms.loop.held_out import eval_line, eval_rollout_config, scored_eval
     train_with_trl = _external_runner("trl-grpo")
     if policy is None:
         from agentgym.policies.transformers_policy import TransformersPolicy
@@ -132,7 +131,7 @@ def _external_runner(algo: str) -> Callable[..., dict[str, Any]]:
         raise CompareError(f"{algo}: cannot import {module}: {e}") from None
     fn = getattr(mod, name, None)
     if not callable(fn):
-        raise CompareError(f"{algo} needs {module}.{name}() (see agentgym.algorithms.compare.EXTERNAL_ALGOS)")
+        raise CompareError(f"{algo} needs {module}.{name}() (see agentgym.algorithms.compare.harness.EXTERNAL_ALGOS)")
     return fn
 
 
@@ -209,11 +208,11 @@ def compare(variants: Sequence[Variant] | str, seeds: int | Sequence[int], steps
             events: Sequence[TrainerEvents] = ()) -> dict[str, Any]:
     """Run every variant on every seed and write the comparison artifacts into ``out_dir``.
 
-    ``events``: subscribers to every run's trainer events (:mod:`agentgym.algorithms.events`; the command
+    ``events``: subscribers to every run's trainer events (:mod:`agentgym.algorithms.loop.events`; the command
     line passes the HTML trajectory report's).
 
     ``primary``: the metric the comparison is about, declared before it runs (default: held-out success
-    after training on the eval split; :func:`~agentgym.algorithms.compare_arms.declare_metrics`); a
+    after training on the eval split; :func:`~agentgym.algorithms.compare.arms.declare_metrics`); a
     ``resume`` or ``report_only`` keeps the recorded one and refuses another. ``exploratory``: metrics added
     later, labelled so in the report.
 

@@ -1,6 +1,6 @@
 """The arms of a comparison: which variants run (``--algos``), each run's resolved config, and the policy
 each run starts from; what the comparison declared about them before it ran (its primary metric, the ones
-added later as exploratory) and the code each run ran (the report's opening and provenance block). See :mod:`agentgym.algorithms.compare` for the harness and its guarantees."""
+added later as exploratory) and the code each run ran (the report's opening and provenance block). See :mod:`agentgym.algorithms.compare.harness` for the harness and its guarantees."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from agentgym.stats import format_ci
 from agentgym.config import load_config
 
 from agentgym.algorithms.catalog import LEARNERS, learner_config_class
-from agentgym.algorithms.config import TrainConfig
-from agentgym.algorithms.optim import OptimConfig
+from agentgym.algorithms.loop.train_config import TrainConfig
+from agentgym.algorithms.loop.optim import OptimConfig
 
 __all__ = ["CompareError", "DECLARATION_FILE", "DEFAULT_PRIMARY", "EXTERNAL_ALGOS", "EXTERNAL_SETTINGS", "HARNESS_KEYS",
            "METRICS", "SHARED_KEYS", "RunRecord", "Variant", "declare_metrics", "metric_role", "parse_variants",
@@ -183,7 +183,7 @@ class _PolicySource:
         if cfg.model == "tiny-random":
             return None
         from agentgym.policies.loading import load_policy
-        from agentgym.policies.registry import trainable_backend
+        from agentgym.policies.backends import trainable_backend
         dtype = getattr(cfg, "dtype", None)
         key = (cfg.model, cfg.device, dtype)
         if key not in self._base:

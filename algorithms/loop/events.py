@@ -22,21 +22,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
-    from agentgym.algorithms.health import Alarm
-    from agentgym.algorithms.trainer import Trainer
+    from agentgym.algorithms.loop.health import Alarm
+    from agentgym.algorithms.loop.trainer import Trainer
 
 __all__ = ["TrainerEvents", "dispatch"]
 
 
 class TrainerEvents:
-    """A subscriber to a :class:`~agentgym.algorithms.trainer.Trainer`'s events (override what you need)."""
+    """A subscriber to a :class:`~agentgym.algorithms.loop.trainer.Trainer`'s events (override what you need)."""
 
     def step_done(self, trainer: Trainer, batch: Any, row: dict[str, float]) -> None:
         """A step's update is in: ``batch`` is its :class:`~agentgym.rollout.RolloutBatch`, ``row`` the logged
         numbers (``train_log.csv``'s row)."""
 
     def alarm(self, trainer: Trainer, alarm: Alarm) -> None:
-        """A health rule fired (collapse, no signal, ...; :mod:`agentgym.algorithms.health`)."""
+        """A health rule fired (collapse, no signal, ...; :mod:`agentgym.algorithms.loop.health`)."""
 
     def eval_done(self, trainer: Trainer, tag: str, metrics: dict[str, Any], trajectories: Sequence[Any]) -> None:
         """A held-out eval finished (``tag``: ``before``, ``stepN`` or ``after``)."""

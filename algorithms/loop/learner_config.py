@@ -1,10 +1,10 @@
 """What every RL learner's config shares: :class:`UpdateConfig`, the update loop's settings and the loss
 terms every learner has. Each built-in learner's config (``GRPOConfig``, ``PPOConfig``, … in
-:mod:`.catalog`) is a dataclass written in source: ``UpdateConfig`` plus the settings blocks its parts
-read (:class:`~agentgym.algorithms.advantages.ReturnSettings`,
-:class:`~agentgym.algorithms.losses.ClipSettings`, :class:`~agentgym.algorithms.critic.CriticSettings`,
+:mod:`..catalog`) is a dataclass written in source: ``UpdateConfig`` plus the settings blocks its parts
+read (:class:`~agentgym.algorithms.maths.advantages.ReturnSettings`,
+:class:`~agentgym.algorithms.maths.losses.ClipSettings`, :class:`~agentgym.algorithms.maths.critic.CriticSettings`,
 …). Each knob is a field of exactly one block, with its type, default and help; the optimizer is not a
-learner setting (``optim:``, :class:`~agentgym.algorithms.optim.OptimConfig`), nor is LoRA (``lora:``).
+learner setting (``optim:``, :class:`~agentgym.algorithms.loop.optim.OptimConfig`), nor is LoRA (``lora:``).
 
 **Per-algorithm defaults.** Some algorithms need another default for a knob they share: GSPO clips its
 sequence ratio at 3e-4 / 4e-4 and averages per sequence, CISPO bounds its weight at 1.0 / 0.28,
@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
 
-from agentgym.algorithms.losses import LossTermSettings
+from agentgym.algorithms.maths.losses import LossTermSettings
 
 __all__ = ["AlgorithmDefaults", "UpdateConfig", "RENAMED_LEARNER_KEYS", "check_token_kinds", "check_temperature"]
 
@@ -58,7 +58,7 @@ class AlgorithmDefaults(type):
 @dataclass
 class UpdateConfig(LossTermSettings, metaclass=AlgorithmDefaults):
     """What every learner shares: the update loop's settings and the loss terms every learner has
-    (:class:`~agentgym.algorithms.losses.LossTermSettings`: ``loss_agg``, ``kl_coef``, ``kl_estimator``,
+    (:class:`~agentgym.algorithms.maths.losses.LossTermSettings`: ``loss_agg``, ``kl_coef``, ``kl_estimator``,
     ``entropy_coef``); a learner's config adds the blocks its parts read. Every field has a one-line
     help; three need more.
 

@@ -2,7 +2,7 @@
 
 ``critic="head"``: a linear head on the policy's last hidden state (the value loss also trains the
 shared body); ``"model"``: a separate copy of the network with its own head (:class:`ValueModel`).
-The value loss itself is a shared term (:func:`~agentgym.algorithms.losses.clipped_value_loss`).
+The value loss itself is a shared term (:func:`~agentgym.algorithms.maths.losses.clipped_value_loss`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from agentgym.algorithms.batch import Batch
-from agentgym.algorithms.losses import ValueLossSettings
+from agentgym.algorithms.maths.losses import ValueLossSettings
 
 __all__ = ["CriticSettings", "ValueModel", "Critic"]
 
@@ -26,7 +25,7 @@ class CriticSettings(ValueLossSettings):
     learner) or ``"model"`` (a separate copy of the network with its own head); ``critic_lr`` (None =
     the optimizer's ``lr``), ``critic_warmup_ratio`` (its own warmup share of ``total_steps``; None =
     the actor's; Search-R1: 0.015 against the actor's 0.285); the value loss's ``value_coef`` and
-    ``value_clip_eps`` (:class:`~agentgym.algorithms.losses.ValueLossSettings`)."""
+    ``value_clip_eps`` (:class:`~agentgym.algorithms.maths.losses.ValueLossSettings`)."""
     critic: str = field(default="head", metadata={
         "help": "head (a value head on the policy's last hidden state) or model (a separate network copy)"})
     critic_lr: float | None = field(default=None, metadata={"help": "the critic's learning rate; null = optim.lr"})
@@ -104,7 +103,8 @@ class Critic:
         if self.model is not None:
             self.model.train(mode)
 
-    def values(self, micro: Batch, policy_hidden: torch.Tensor | None) -> torch.Tensor:
+    def values(self, micro: Any, policy_hidden: torch.Tensor | None) -> torch.Tensor:
+        """Values of a micro-batch (the loop's ``Batch``: its ``input_ids``, ``attention_mask``, ``position_ids``)."""
         if self.model is not None:
             return self.model(micro.input_ids, micro.attention_mask, micro.position_ids)
         return _aligned_values(self.head, policy_hidden)

@@ -14,7 +14,7 @@ Conventions worth knowing:
 * An episode that ends by truncation is treated as terminal (V after the last token = 0), as
   LLM RL frameworks (verl, TRL, Search-R1) do: the turn limit is part of the task.
 
-Per-turn credit (``learner.credit``, :class:`~agentgym.algorithms.advantages.ReturnSettings`). How step-wise rewards reach each turn's tokens:
+Per-turn credit (``learner.credit``, :class:`~agentgym.algorithms.maths.advantages.ReturnSettings`). How step-wise rewards reach each turn's tokens:
 
 * ``episode`` — every turn gets the episode's return (:func:`episode_returns`; discounted from the
   first turn when ``γ < 1``); the baseline is computed over episodes, one value per trajectory (so a
@@ -54,7 +54,7 @@ import torch
 __all__ = [
     "discounted_returns", "broadcast_to_tokens", "NoBaseline", "BatchMeanBaseline", "MovingAverageBaseline",
     "make_baseline", "rebn", "gae", "group_normalize", "leave_one_out", "CREDITS", "episode_returns",
-    "turn_rewards", "observation_history_keys", "turn_group_normalize", "turn_gae",
+    "turn_rewards", "observation_history_keys", "turn_group_normalize", "turn_gae", "pad_token_lists",
 ]
 
 #: Every credit-assignment choice an estimator may support (see the module docstring).
@@ -347,3 +347,14 @@ def turn_gae(rewards: Sequence[float], values: Sequence[float], gamma: float = 1
         adv[k] = next_adv
         next_value = float(values[k])
     return adv, [a + float(v) for a, v in zip(adv, values)]
+
+
+def pad_token_lists(rows: Sequence[Sequence[float]], width: int | None = None, *, value: float = 0.0,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Right-pad lists of per-token numbers into a ``(len(rows), width)`` tensor."""
+    width = max((len(r) for r in rows), default=0) if width is None else width
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, : len(r)] = torch.as_tensor(list(r), dtype=dtype)
+    return out

@@ -8,7 +8,7 @@ All tensors are ``(B, T)``; ``mask`` marks the trained tokens that have sampling
 a sequence-level ratio averages over); ``config`` is the learner's typed config, which subclasses the
 settings blocks the objective declares (checked when a learner is registered); the values of those
 settings for one algorithm are its config's defaults (``GSPOConfig``'s clip range, …). The shared
-loss (:func:`~agentgym.algorithms.losses.ppo_objective`) aggregates the term and adds entropy, KL and
+loss (:func:`~agentgym.algorithms.maths.losses.ppo_objective`) aggregates the term and adds entropy, KL and
 value terms; the surrogate math is in :mod:`.losses`.
 
 ==========  =========================================================================
@@ -28,8 +28,8 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from agentgym.algorithms.losses import ClipSettings, cispo_surrogate, gspo_surrogate, ppo_clip_term, reinforce_surrogate
-from agentgym.algorithms.registry import Registry
+from agentgym.algorithms.maths.losses import ClipSettings, cispo_surrogate, gspo_surrogate, ppo_clip_term, reinforce_surrogate
+from agentgym.algorithms.parts import Registry
 
 __all__ = ["PolicyObjective", "OBJECTIVES", "register_objective", "ClipObjective",
            "DualClipObjective", "ReinforceObjective", "GSPOObjective", "CISPOObjective"]
@@ -38,7 +38,7 @@ __all__ = ["PolicyObjective", "OBJECTIVES", "register_objective", "ClipObjective
 class PolicyObjective:
     """A registered objective, as the learner holds it: ``objective(logp, old_logp, advantages,
     ratio_mask) -> (loss, ratio, clipped)``, all ``(B, T)`` (a
-    :data:`~agentgym.algorithms.losses.PolicyTerm`).
+    :data:`~agentgym.algorithms.maths.losses.PolicyTerm`).
 
     :func:`register_objective` builds one from a function; a subclass may instead override
     ``__call__``. ``settings``: the settings blocks it reads (a learner's config must subclass them);
@@ -98,14 +98,14 @@ def reinforce(logp, old_logp, advantages, mask, config):
 
 def gspo(logp, old_logp, advantages, mask, config):
     """GSPO's sequence-level, length-normalised ratio with sequence clipping (Zheng et al., 2025,
-    arXiv:2507.18071; :func:`~agentgym.algorithms.losses.gspo_surrogate`). In a multi-turn episode the
+    arXiv:2507.18071; :func:`~agentgym.algorithms.maths.losses.gspo_surrogate`). In a multi-turn episode the
     sequence is the trajectory's policy tokens. ``GSPOConfig`` defaults to the paper's clip range
     3e-4 / 4e-4 and its sequence-mean aggregation."""
     return gspo_surrogate(logp, old_logp, advantages, mask, config.clip_eps, config.clip_eps_high)
 
 
 def cispo(logp, old_logp, advantages, mask, config):
-    """CISPO (MiniMax-M1, arXiv:2506.13585; :func:`~agentgym.algorithms.losses.cispo_surrogate`): the
+    """CISPO (MiniMax-M1, arXiv:2506.13585; :func:`~agentgym.algorithms.maths.losses.cispo_surrogate`): the
     clipped importance weight, detached, times ``-A log p``. ``CISPOConfig`` defaults: no lower bound
     (``clip_eps=1``), ``clip_eps_high=0.28``."""
     return cispo_surrogate(logp, old_logp, advantages, config.clip_eps, config.clip_eps_high)

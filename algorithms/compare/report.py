@@ -1,6 +1,6 @@
 """The comparison's report: per-variant summary with intervals over seeds, pairwise differences, and the
 artifacts (``compare.csv``, ``compare.png``, ``compare.md``, ``compare.json``). The definitions of the
-metrics are in :mod:`agentgym.algorithms.compare`'s docstring."""
+metrics are in :mod:`agentgym.algorithms.compare.harness`'s docstring."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from agentgym.stats import (diff_ci, format_ci, hierarchical_bootstrap_diff, mea
                                 paired_bootstrap_ci, paired_count, paired_diff_ci, paired_min_detectable, verdict,
                                 without_undefined)
 
-from agentgym.algorithms.compare_arms import (RunRecord, Variant, metric_role, primary_lines, provenance_lines,
+from agentgym.algorithms.compare.arms import (RunRecord, Variant, metric_role, primary_lines, provenance_lines,
                                               run_commits)
-from agentgym.algorithms.compare_health import health_lines, health_summary
-from agentgym.algorithms.config import TrainConfig
+from agentgym.algorithms.compare.health import health_lines, health_summary
+from agentgym.algorithms.loop.train_config import TrainConfig
 
 __all__ = ["CSV_COLUMNS", "is_negative_control", "markdown_table", "plot_comparison", "summarize_runs",
            "write_artifacts", "write_csv"]
@@ -82,7 +82,7 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 def summarize_runs(records: Sequence[RunRecord], variants: Sequence[Variant], per_step: int,
                    threshold: float, metrics: Sequence[str] = DIFFERENCE_METRICS) -> dict[str, dict[str, Any]]:
     """Per variant: the table's numbers (see the module docstring for the definitions); ``metrics``: those
-    whose pairwise differences are tabled (:data:`~agentgym.algorithms.compare_arms.METRICS`)."""
+    whose pairwise differences are tabled (:data:`~agentgym.algorithms.compare.arms.METRICS`)."""
     groups = {v.label: [r for r in records if r.label == v.label] for v in variants}
     groups = {k: g for k, g in groups.items() if g}
     r0 = float(np.nanmean([_g(r.history[0], "rollout/reward_mean") for r in records if r.history]))
@@ -208,7 +208,7 @@ def _paired_means(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]
                   ) -> tuple[list[float], list[float], np.ndarray, np.ndarray]:
     """Per-seed and per-task means of two variants' task successes (rows: seeds, columns: tasks), each on
     the (seed, task) cells both variants scored: a task whose episodes service failures all ended is NaN
-    (:func:`~agentgym.algorithms.held_out.task_successes`) and is left out of both sides of that seed, so
+    (:func:`~agentgym.algorithms.loop.held_out.task_successes`) and is left out of both sides of that seed, so
     the two are still compared on the same tasks. A seed or task with no such cell is NaN, which the
     intervals drop."""
     xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
@@ -355,7 +355,7 @@ def markdown_table(summary: Mapping[str, Any], base: TrainConfig, seeds: Sequenc
                    threshold: float, same_tasks: str, declared: Mapping[str, Any] | None = None,
                    provenance: Mapping[str, Any] | None = None, commits: Mapping[str, Sequence[str]] | None = None) -> str:
     """The comparison table plus the definitions a reader needs to interpret it. It leads with the declared
-    primary metric (``declared``, :func:`~agentgym.algorithms.compare_arms.declare_metrics`; default held-out
+    primary metric (``declared``, :func:`~agentgym.algorithms.compare.arms.declare_metrics`; default held-out
     success) and ends with the provenance block when ``provenance`` is given."""
     ref = summary["_reference"]
     pct = round(threshold * 100)
@@ -414,7 +414,7 @@ def is_negative_control(label: str) -> bool:
     (``grpo-shuffled``: advantages from another group's episodes). It samples and updates like the
     others but cannot learn from its own actions, so whatever it gains is the noise floor every learner
     must clear."""
-    from agentgym.algorithms.controls import is_negative_control_learner
+    from agentgym.algorithms.compare.controls import is_negative_control_learner
     algo, *settings = label.split(":")
     for setting in settings:
         key, _, value = setting.partition("=")
