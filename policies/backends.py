@@ -20,7 +20,7 @@ import importlib
 import sys
 from typing import Any, Callable, Mapping
 
-__all__ = ["POLICY_BACKENDS", "SPEC_BACKENDS", "BackendUnavailable", "register_backend", "backend_names",
+__all__ = ["POLICY_BACKENDS", "SPEC_BACKENDS", "WEIGHT_TRANSFERS", "check_weight_transfer", "BackendUnavailable", "register_backend", "backend_names",
            "backend_class", "require_registered", "spec_backend", "names_own_backend", "default_backend",
            "resolve_backend", "check_backend",
            "trainable_backend"]
@@ -136,6 +136,18 @@ def resolve_backend(backend: str | None, notice: Callable[[str], None] | None = 
         say(f"[agentgym] backend {backend!r} unavailable: {e}; using the {_fallback()} backend")
         return _fallback()
     return backend
+
+
+#: how a learner's weights reach engines in other processes (:class:`~agentgym.policies.ray_pool.RayPolicyPool`'s
+#: transports); here, beside the backend names, so a config is checked without importing any engine
+WEIGHT_TRANSFERS = ("auto", "object_store", "collective")
+
+
+def check_weight_transfer(value: str) -> str:
+    """``value`` if it names a weight transfer, else a ValueError that lists the choices."""
+    if value not in WEIGHT_TRANSFERS:
+        raise ValueError(f"weight_transfer must be one of {', '.join(WEIGHT_TRANSFERS)}; got {value!r}")
+    return value
 
 
 def check_backend(backend: str | None, options: Mapping[str, Any] | None = None) -> None:

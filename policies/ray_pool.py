@@ -46,21 +46,14 @@ from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
 from agentgym.backend import TokenBackend
+from agentgym.policies.backends import check_weight_transfer
 from agentgym.policy import Generation, SamplingParams
 
-__all__ = ["RayPolicyPool", "WEIGHT_TRANSFERS", "check_weight_transfer", "collective_backend", "plan_buckets",
+__all__ = ["RayPolicyPool", "collective_backend", "plan_buckets",
            "tensor_digest"]
 
-WEIGHT_TRANSFERS = ("auto", "object_store", "collective")
 _READY = "agentgym/weights-ready"   # store key prefix: an actor has reached the store
 _ALIGN = 64                     # byte offset of every tensor in a bucket: any dtype can view it
-
-
-def check_weight_transfer(value: str) -> str:
-    """``value`` if it names a weight transfer, else a ValueError that lists the choices."""
-    if value not in WEIGHT_TRANSFERS:
-        raise ValueError(f"weight_transfer must be one of {', '.join(WEIGHT_TRANSFERS)}; got {value!r}")
-    return value
 
 
 def collective_backend(trainer_gpu: str | None, worker_gpus: Sequence[str | None]) -> str:

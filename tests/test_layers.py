@@ -194,3 +194,19 @@ def test_algorithms_modules_have_one_path():
     for new in ("agentgym.algorithms.maths.advantages", "agentgym.algorithms.loop.train_config",
                 "agentgym.algorithms.compare.harness", "agentgym.algorithms.parts", "agentgym.policies.backends"):
         assert importlib.util.find_spec(new) is not None, new
+
+
+def test_the_train_config_imports_no_concrete_backend():
+    """Building and checking a train config (backend names, options, weight transfer) reads the backend
+    registry only: no engine module (transformers, vLLM, Ray pool, OpenAI, scripted) is imported."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "from agentgym.config import load_config\n"
+            "from agentgym.algorithms.loop.train_config import TrainConfig\n"
+            "load_config(TrainConfig, None, ['backend=hf', 'weight_transfer=collective', 'rollout_workers=1'])\n"
+            "print(sorted(m for m in sys.modules if m.startswith('agentgym.policies.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = eval(out.stdout.strip().splitlines()[-1])
+    assert loaded == ["agentgym.policies.backends"], loaded

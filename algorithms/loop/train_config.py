@@ -149,7 +149,7 @@ class TrainConfig(RolloutViews):
         if self.dtype is not None:
             torch_dtype(self.dtype)
         check_precision(self.precision)
-        from agentgym.policies.ray_pool import check_weight_transfer
+        from agentgym.policies.backends import check_weight_transfer   # the registry module: no engine imported
         check_weight_transfer(self.weight_transfer)
         if not isinstance(self.backend_options, dict):
             raise ValueError(f"backend_options must be a mapping, got {self.backend_options!r}")
