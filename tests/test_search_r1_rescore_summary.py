@@ -1,7 +1,9 @@
 """benchmarks/search_r1/rescore_summary.py: the sampled re-scores of Search-R1 in a box v2, read per arm.
 
-Checked on the committed re-scores (real `agentgym eval --json` files) against hand computations, and on
-small files written here for the cases those do not have (seeds an arm lacks, unscored questions, bad input).
+Checked against hand computations on files written here: eval files with the structure and keys of a real
+`agentgym eval --json` file and study records shaped like the committed ``heldout_records.json`` (synthetic
+values; no test reads benchmarks/results), and small files for the edge cases (seeds an arm lacks, unscored
+questions, bad input).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from agentgym.stats import paired_bootstrap_ci, t_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "search_r1" / "rescore_summary.py"
-RAW = ROOT / "benchmarks" / "results" / "search_r1_v2_runs"
+#: the synthetic study: 4 questions of each type, 4 sampled episodes a question (successes in quarters)
+TYPES = ["single_hop", "multi_hop", "no_search"] * 4
+RUNS = ("sft", "rag_sft", "ppo_masked_seed0", "ppo_masked_seed1", "ppo_masked_seed2", "grpo_masked_seed0",
+        "grpo_masked_seed1")
 
 
 def _module():
@@ -34,32 +39,81 @@ def _write(folder: Path, name: str, successes: dict[int, float]) -> None:
     (folder / f"{name}.json").write_text(json.dumps({"per_task": per_task, "task_summary": {"pass@4": 0.5}}))
 
 
-def test_committed_ppo_masked_rescores_match_a_hand_computation():
+def _write_eval(folder: Path, name: str, successes: list[float]) -> None:
+    """An `agentgym eval --json` file as the sampled re-score writes it (the keys of the committed ones:
+    config, metrics, metrics_std, task_summary with pass@4 among other keys, per_task), values from
+    ``successes`` (one per question, each the mean of 4 episodes)."""
+    n, rate = len(successes), float(np.mean(successes))
+    doc = {"env": "agentgym/SearchQA-v0", "policy": f"runs/search_r1_v2/{name}/model",
+           "config": {"env": "SearchQA-v0", "split": "test", "episodes": n, "group_size": 4, "tasks": list(range(n)),
+                      "seed": 0, "rollout": {"sampling": {"max_new_tokens": 48, "temperature": 1.0, "greedy": False}}},
+           "env_kwargs": {"protocol": "search_r1", "retrieval": "agentic", "topk": 3, "split": "test"},
+           "metrics": {"episodes": 4.0 * n, "infra_errors": 0.0, "success_rate": rate, "reward_mean": rate,
+                       "generated_tokens": 200.0 * n},
+           "metrics_std": {"success_rate": 0.4, "reward/exact_match": 0.4},
+           "task_summary": {"tasks": float(n), "task_success": rate, "task_success_ci_low": rate - 0.1,
+                            "task_success_ci_high": rate + 0.1, "ci_note": None,
+                            "pass@4": float(np.mean([x > 0 for x in successes]))},
+           "per_task": [{"task_index": k, "episodes": 4, "scored": 4, "success": x} for k, x in enumerate(successes)]}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(doc, indent=1))
+
+
+def _write_records(path: Path) -> None:
+    """The study's held-out records as committed (``heldout_records.json``): per phase, per seed, one row per
+    question with its type; the first phase, a one-seed baseline, is the one read."""
+    def rows(em: float) -> list[dict]:
+        return [{"task_index": k, "type": t, "em": em, "searches": 1.0, "invalid": 0.0, "answered": 1.0,
+                 "found_gold": 0.0, "turns": 2.0, "response_tokens": 40.0, "response_tail": "<answer>x</answer>"}
+                for k, t in enumerate(TYPES)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"note": "held-out per-question records (synthetic)",
+                                "records": {"none_base": [rows(0.0)], "grpo_masked": [rows(1.0), rows(0.0)]}}))
+
+
+def _study(folder: Path) -> dict[str, list[float]]:
+    """Every model's per-question success (quarters, fixed seed), written as re-scores into ``folder``/rescore
+    with the records beside them; returns them for the hand computations."""
+    rng = np.random.default_rng(7)
+    scores = {name: (rng.integers(0, 5, len(TYPES)) / 4).tolist() for name in RUNS}
+    for name, successes in scores.items():
+        _write_eval(folder / "rescore", name, successes)
+    _write_records(folder / "heldout_records.json")
+    return scores
+
+
+def test_rescores_of_a_study_match_a_hand_computation(tmp_path):
     mod = _module()
-    scores = mod.load_scores(RAW / "rescore")
-    seeds = sorted(n for n in scores if n.startswith("ppo_masked_seed"))
-    assert len(seeds) >= 2, "the committed re-scores hold PPO masked seeds"
-    s = mod.summarize(scores, mod.load_types(RAW / "heldout_records.json"))
-    tasks = sorted(scores["sft"]["per_task"])
-    sft = [scores["sft"]["per_task"][k] for k in tasks]
-    runs = np.asarray([[scores[n]["per_task"][k] for k in tasks] for n in seeds])
+    raw = _study(tmp_path / "search_r1_v2_runs")
+    scores = mod.load_scores(tmp_path / "search_r1_v2_runs" / "rescore")
+    assert scores["sft"]["pass"] == {"pass@4": pytest.approx(np.mean([x > 0 for x in raw["sft"]]))}   # pass@k only
+    assert scores["sft"]["per_task"] == dict(enumerate(raw["sft"]))
+    types = mod.load_types(tmp_path / "search_r1_v2_runs" / "heldout_records.json")
+    assert types == dict(enumerate(TYPES))
+    s = mod.summarize(scores, types)
+    seeds = ["ppo_masked_seed0", "ppo_masked_seed1", "ppo_masked_seed2"]
+    sft = raw["sft"]
+    runs = np.asarray([raw[n] for n in seeds])
     # over questions: each question's mean over the seeds, minus SFT's, bootstrapped over the questions
-    expect = paired_bootstrap_ci(runs.mean(axis=0).tolist(), sft)
     arm = s["arms"]["ppo_masked"]
+    assert arm["over_questions"]["diff"] == pytest.approx(runs.mean() - np.mean(sft))
     assert (arm["over_questions"]["diff"], arm["over_questions"]["low"], arm["over_questions"]["high"]) == \
-        pytest.approx(expect)
+        pytest.approx(paired_bootstrap_ci(runs.mean(axis=0).tolist(), sft))
+    assert arm["over_questions"]["n"] == len(TYPES) and arm["success"] == pytest.approx(runs.mean())
     # over seeds: Student's t over the per-seed differences
     d = runs.mean(axis=1) - np.mean(sft)
     half = t_quantile(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
     assert arm["over_seeds"]["low"] == pytest.approx(d.mean() - half)
     assert arm["over_seeds"]["high"] == pytest.approx(d.mean() + half)
-    assert arm["seeds"] == [int(n.rsplit("seed", 1)[1]) for n in seeds]
-    # per type: 30 questions of each type, the type read from the study's records
+    assert arm["seeds"] == [0, 1, 2] and s["arms"]["grpo_masked"]["seeds"] == [0, 1]
+    assert s["arms"]["rag_sft"]["seeds"] == [0]   # a file without a seed is an arm of its own
+    # per type: 4 questions of each type, the type read from the study's records
     assert set(s["models"]["sft"]["by_type"]) == {"single_hop", "multi_hop", "no_search"}
-    types = mod.load_types(RAW / "heldout_records.json")
-    single = [k for k in tasks if types[k] == "single_hop"]
-    assert s["models"]["sft"]["by_type"]["single_hop"] == pytest.approx(
-        np.mean([scores["sft"]["per_task"][k] for k in single]))
+    for t in ("single_hop", "multi_hop", "no_search"):
+        mine = [k for k, kind in enumerate(TYPES) if kind == t]
+        assert s["models"]["sft"]["by_type"][t] == pytest.approx(np.mean([sft[k] for k in mine]))
+        assert arm["by_type"][t] == pytest.approx(runs[:, mine].mean())
+    assert s["models"]["ppo_masked_seed1"]["minus_baseline"]["diff"] == pytest.approx(np.mean(raw["ppo_masked_seed1"]) - np.mean(sft))
 
 
 def test_arms_pair_by_seed_and_fall_back_to_welch(tmp_path):
@@ -130,13 +184,16 @@ def test_cli_png_with_only_the_baseline_says_so_and_writes_nothing(tmp_path):
     assert r.returncode == 0 and "nothing to draw" in r.stderr and not png.exists()
 
 
-def test_cli_finds_the_committed_records_beside_the_committed_rescores():
-    """The committed folder holds heldout_records.json, not progress.json: the per-type column is filled."""
-    r = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(RAW / "rescore")], capture_output=True, text=True,
-                       cwd=ROOT)
+def test_cli_finds_the_records_beside_the_rescores(tmp_path):
+    """A folder laid out as the committed one, heldout_records.json (not progress.json) beside rescore/: the
+    per-type column is filled, with each type's mean success."""
+    raw = _study(tmp_path / "search_r1_v2_runs")
+    r = subprocess.run([sys.executable, str(SCRIPT), "--dir", str(tmp_path / "search_r1_v2_runs" / "rescore")],
+                       capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     sft_row = next(line for line in r.stdout.splitlines() if line.startswith("| `sft` |"))
-    assert "n/a" not in sft_row and sft_row.count(" / ") == 2
+    by_type = [np.mean([x for x, kind in zip(raw["sft"], TYPES) if kind == t]) for t in TYPES[:3]]
+    assert f"| {' / '.join(f'{m:.3f}' for m in by_type)} |" in sft_row and "n/a" not in sft_row
 
 
 STUDIES = ROOT / "benchmarks" / "issue23_studies.sh"

@@ -33,7 +33,8 @@ __all__ = ["CSV_COLUMNS", "is_negative_control", "markdown_table", "plot_compari
 DIFFERENCE_METRICS = ("final_reward", "auc_reward", "eval_success_after")
 
 CSV_COLUMNS = ["phase", "algo", "learner", "seed", "step", "episodes", "reward", "reward_std", "success",
-               "tokens", "tokens_cumulative", "step_s", "wall_s", "run_wall_s", "kl", "entropy", "loss", "tasks"]
+               "tokens", "tokens_cumulative", "step_s", "wall_s", "run_wall_s", "kl", "entropy", "loss", "tasks",
+               "signal_share", "episodes_generated_total"]
 
 
 def _g(row: Mapping[str, Any], key: str) -> float:
@@ -259,8 +260,8 @@ def write_csv(records: Sequence[RunRecord], per_step: int, path: Path) -> None:
     ``reward`` / ``success``: the step's sampled batch means (train) or the held-out eval's (greedy, or
     the mean of ``eval.samples`` per task) (eval); ``tokens``: generated tokens; ``wall_s``: cumulative seconds of the training loop so far;
     ``run_wall_s`` (last eval row): the whole run including model copy and evals; ``tasks``: the
-    digest of the step's prompts (equal across algos at each (seed, step)).
-    """
+    digest of the step's prompts (equal across algos at each (seed, step)); ``signal_share``, ``episodes_generated_total``:
+    the group filter's counters, which count groups dynamic sampling dropped (NaN in runs that predate them)."""
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         w.writeheader()
@@ -279,7 +280,8 @@ def write_csv(records: Sequence[RunRecord], per_step: int, path: Path) -> None:
                             "success": _g(row, "rollout/success_rate"), "tokens": tok, "tokens_cumulative": cum_tokens,
                             "step_s": _g(row, "time/step_s"), "wall_s": round(wall, 3), "kl": _g(row, "train/kl"),
                             "entropy": _g(row, "train/entropy"), "loss": _g(row, "train/loss"),
-                            "tasks": r.tasks[j] if j < len(r.tasks) else ""})
+                            "tasks": r.tasks[j] if j < len(r.tasks) else "", "signal_share": _g(row, "rollout/signal_share"),
+                            "episodes_generated_total": _g(row, "rollout/episodes_generated_total")})
             w.writerow({**base, "phase": "eval", "step": len(r.history), "episodes": len(r.history) * per_step,
                         "reward": _g(r.after, "eval/reward_mean"), "success": _g(r.after, "eval/success_rate"),
                         "tokens": _g(r.after, "eval/generated_tokens"), "wall_s": round(wall, 3),
