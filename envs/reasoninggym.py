@@ -21,8 +21,17 @@ Drawing stops with a ValueError when a config has too few distinct questions for
 A split is drawn whole at its first ``get_task`` (with the splits drawn before it) and kept per process,
 so envs of one config share it; ``basic_arithmetic``'s default 1300 questions take about a second.
 
-Episode: one answer. The first reply with a complete ``<answer>`` tag ends it. A reply without one
-is invalid (an observation says so, and the ``invalid`` term) and the model may try again while turns
+Answer extraction (``answer_format``). ``"tag"`` (the default) is reasoning-gym's own rule: the last
+``<answer>...</answer>``. ``"flexible"`` also takes a reply without the tag, as lm-evaluation-harness's
+"flexible-extract" does for GSM8K: the tag if there is one, else Math-v0's order (the last ``\boxed{}``,
+else an "answer is" phrase's number, else the last number in the reply; ``envs/mathrl/answers.py``). It
+suits tasks whose answers are numbers: SmolLM2-135M-Instruct never writes the tag (0 of 128 sampled
+replies on chain_sum and leg_counting), so under ``"tag"`` it has no reward to learn from. The score is
+the dataset's own ``score_answer`` either way; ``info["extraction"]`` says which rule found the answer,
+and results under ``"flexible"`` must say so.
+
+Episode: one answer. The first reply with an answer (a complete ``<answer>`` tag, or under ``"flexible"``
+any extractable one) ends it. A reply without one is invalid (an observation says so, and the ``invalid`` term) and the model may try again while turns
 are left: ``max_turns=2`` by default, as Math-v0 (one retry). ``max_turns=1`` makes it strictly one
 reply; it is not the default because Gymnasium's ``check_env`` (run on every registered env) takes an
 env that truncates after one random action for a broken one.
@@ -51,9 +60,10 @@ from agentgym import AgentEnv, EnvConfig, Reward, Transition, shaper
 from agentgym.parsing import last_tag_content
 from agentgym.rewards import InvalidActionPenalty, StepEvent
 from agentgym.splits import SPLITS, check_split, normalise_task_text
+from agentgym.envs.mathrl.answers import extract_answer
 
 __all__ = ["ReasoningGymEnv", "ReasoningGymConfig",
-           "SYSTEM_PROMPT", "DEFAULT_TASK", "DEFAULT_SIZES", "dataset_score", "dataset_names"]
+           "SYSTEM_PROMPT", "DEFAULT_TASK", "ANSWER_FORMATS", "DEFAULT_SIZES", "dataset_score", "dataset_names"]
 
 SYSTEM_PROMPT = (
     "Solve the problem. You may reason first; then give your final answer, and nothing else, inside "
@@ -64,6 +74,7 @@ DEFAULT_SIZES = {"train": 1000, "validation": 100, "test": 200}
 _SPLIT_OFFSETS = {"train": 0, "validation": 2 ** 30, "test": 2 ** 31}
 _MAX_SEED = 2 ** 30              # keeps every item seed below 2**32 (numpy-seeded generators need that)
 _DRAWS_PER_TASK, _EXTRA_DRAWS = 4, 200   # draws allowed before a split is declared unfillable
+ANSWER_FORMATS = ("tag", "flexible")
 _OWNED_KEYS = ("seed", "size")   # set by the env, per split
 _EXAMPLE_KEYS = ("example_answer", "example_correct_answer", "possible_answer")  # where answer is None
 
@@ -214,9 +225,14 @@ class ReasoningGymConfig(EnvConfig):
         "help": "the base seed in [0, 2**30); each split draws from its own seed range above it"})
     max_turns: int = field(default=2, metadata={
         "help": "2: one retry after a reply without an answer (1: one reply, no retry)"})
+    answer_format: str = field(default="tag", metadata={
+        "help": "tag: the last <answer>...</answer> (reasoning-gym's rule); flexible: the tag, else a \\boxed{}, "
+                "an 'answer is' number or the last number (for numeric tasks; say so with results)"})
 
     def __post_init__(self) -> None:
         check_split(self.split, SPLITS)
+        if self.answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format must be one of {list(ANSWER_FORMATS)}, got {self.answer_format!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < _MAX_SEED:
             raise ValueError(f"seed must be an int in [0, 2**30), got {self.seed!r}")
         _mix_spec(self.task, self.task_config, self.tasks)   # each raises on a bad value
@@ -264,15 +280,23 @@ class ReasoningGymEnv(AgentEnv):
 
     # ------------------------------------------------------------------ one step
     def transition(self, action: str) -> Transition:
-        answer = last_tag_content(action, "answer")
+        answer, rule = self._extract(action)
         if answer is None:
             return self.invalid("No final answer found: give it inside <answer> and </answer>, "
                                 "for example <answer>42</answer>.")
         score, error = self._score(answer)
-        info: dict[str, Any] = {"score": score}
+        info: dict[str, Any] = {"score": score, "extraction": rule}
         if error is not None:
             info["score_error"] = error
         return Transition([], "answer", parsed=answer, terminated=True, answer=answer, info=info)
+
+    def _extract(self, action: str) -> tuple[str | None, str | None]:
+        """The reply's final answer and the rule that found it (see ``answer_format``)."""
+        answer = last_tag_content(action, "answer")
+        if answer is not None or self.config.answer_format == "tag":
+            return answer, "tag" if answer is not None else None
+        found = extract_answer(action)
+        return (found.text, found.method) if found is not None else (None, None)
 
     def _score(self, answer: str) -> tuple[float, str | None]:
         """The dataset's ``score_answer``, clipped to [0, 1]; a scorer that raises scores 0 (and says why)."""

@@ -55,6 +55,26 @@ def test_wrong_answer_scores_zero_and_a_reply_without_a_tag_is_invalid():
     assert truncated and not terminated and not info["episode_summary"]["success"]
 
 
+def test_flexible_answers_take_a_reply_without_the_tag():
+    """answer_format="flexible": the tag first, else Math-v0's order (boxed, "answer is", last number); the
+    score stays the dataset's own, and info says which rule found the answer."""
+    env = ReasoningGymEnv(task="chain_sum", split="test", size=4, answer_format="flexible")
+    gold = int(env.get_task(0)["answer"])
+    cases = [(f"So the total is {gold}.", "last_number", 1.0), (f"The answer is {gold + 1}, not {gold}.", "phrase", 0.0),
+             (f"\\boxed{{{gold}}} then 5", "boxed", 1.0), (f"<answer>{gold}</answer> and {gold + 3}", "tag", 1.0),
+             (f"<answer>{gold + 1}</answer> but {gold}", "tag", 0.0)]
+    for reply, rule, score in cases:
+        _, (_, reward, terminated, _, info) = play(env, 0, reply)
+        assert (info["extraction"], info["score"], reward, terminated) == (rule, score, score, True), reply
+    # nothing to extract: still invalid, with the same observation and penalty as under "tag"
+    _, (obs, reward, terminated, _, info) = play(env, 0, "I do not know.")
+    assert info["action_type"] == "invalid" and not terminated and reward == pytest.approx(-0.1)
+    # the default is reasoning-gym's own rule: the same reply without a tag is invalid
+    strict = ReasoningGymEnv(task="chain_sum", split="test", size=4)
+    _, (_, _, terminated, _, info) = play(strict, 0, f"So the total is {gold}.")
+    assert info["action_type"] == "invalid" and not terminated
+
+
 def test_partial_credit_is_the_datasets_own_score():
     """leg_counting keeps reasoning-gym's default score_answer: partial credit for a reply containing the answer."""
     env = ReasoningGymEnv(task="leg_counting", split="test", size=2)
@@ -137,6 +157,7 @@ def test_a_task_given_at_reset_is_scored_by_its_dataset():
     ({"size": {"tests": 3}}, "unknown split(s) ['tests']"),
     ({"size": 0}, "must be a positive int"),
     ({"seed": -1}, "seed must be an int in [0, 2**30)"),
+    ({"answer_format": "loose"}, "answer_format must be one of ['tag', 'flexible'], got 'loose'"),
 ])
 def test_bad_configs_are_one_line_errors(kwargs, message):
     with pytest.raises(ValueError) as e:
