@@ -52,3 +52,14 @@ def test_an_app_that_fails_at_start_up_raises_and_leaves_nothing_running():
     assert server._thread is None
     with BackgroundServer(_app(), port=server.port) as again:   # the port was given back
         assert httpx.get(again.url + "/ping", timeout=10).status_code == 200
+
+
+def test_agentgym_serve_on_a_port_in_use_says_so_in_one_line(capsys):
+    """`agentgym serve` binds through the same helper: a taken port is exit 1 and one line naming the fix."""
+    from agentgym.app.cli import main
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        rc = main(["serve", "Arithmetic-v0", "--port", str(port)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and err == (f"error: cannot serve on 127.0.0.1:{port}: the port is in use; stop the other "
+                               "server or choose another port (--port)")

@@ -388,11 +388,6 @@ def _uvicorn_server(app: Any, limits: ServeLimits, log_level: str) -> Any:
     return uvicorn.Server(config)
 
 
-def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening socket on ``host:port`` (``port=0``: a free one, so callers never race for a port)."""
-    return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
-
-
 def serve(app: Any, sock: socket.socket, limits: ServeLimits | None = None, log_level: str = "warning") -> None:
     """Run ``app`` in the foreground on a bound ``sock``. uvicorn turns SIGINT/SIGTERM into a graceful
     shutdown: open WebSockets are closed, then the lifespan closes every session's env."""

@@ -375,8 +375,9 @@ def cmd_retriever_serve(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """``agentgym serve ENV_ID``: the env over OpenEnv's protocol until Ctrl-C / SIGTERM; the first stdout
     line names the URL (``--port 0`` binds a free port)."""
-    from agentgym.adapters.openenv_server import ServeLimits, bind, create_app, serve
+    from agentgym.adapters.openenv_server import ServeLimits, create_app, serve
     from agentgym.app.cli import _load_plugins
+    from agentgym.http_server import ServerBindError, bind_socket
     if args.serve_imports:
         _load_plugins(args.serve_imports)   # `serve ENV --import mypkg.envs`, as `--import` before the command
     env_id = require_env(args.env_id)
@@ -387,9 +388,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     kwargs = {**parse_kv(args.overrides), **parse_kv(args.env_kwarg)}
     limits = ServeLimits(max_sessions=args.max_sessions, max_message_bytes=max(1024, args.max_message_bytes))
     try:  # the port first: "in use" is then the only thing printed
-        sock = bind(args.host, args.port)
-    except OSError as e:
-        print(f"error: cannot serve on {args.host}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        sock = bind_socket(args.host, args.port)
+    except ServerBindError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
     app = create_app(env_id, kwargs, limits)
     print(f"serving {env_id} on http://{args.host}:{sock.getsockname()[1]} (OpenEnv protocol: /ws, /reset, /step, "
