@@ -86,10 +86,11 @@ def run_server(which: str, max_sessions: int) -> None:
     """Serve on a free loopback port; the first stdout line is the URL. openenv-core's endpoint logs a
     traceback for every client that closes its session (it closes an already closed socket), so its
     server logs only critical errors; ours logs warnings."""
-    from agentgym.adapters.openenv_server import ServeLimits, bind, create_app, serve
+    from agentgym.adapters.openenv_server import ServeLimits, create_app, serve
+    from agentgym.http_server import bind_socket
     limits = ServeLimits(max_sessions=max_sessions)
     app = create_app(ENV_ID, limits=limits) if which == "ours" else openenv_core_app(max_sessions)
-    sock = bind("127.0.0.1", 0)
+    sock = bind_socket("127.0.0.1", 0)
     print(f"http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
     serve(app, sock, limits, log_level="warning" if which == "ours" else "critical")
 
