@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from agentgym.precision import cpu_identity
 
 RG_TASKS = ("basic_arithmetic", "chain_sum", "leg_counting", "letter_counting", "gsm_symbolic")
 
@@ -35,16 +36,6 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
                                                          "--first-task", "0", "--max-new-tokens", "256"])
        for suffix, extra in (("", []), ("_flexible", ["--env-kwarg", "answer_format=flexible"])) for t in RG_TASKS},
 }
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_one(name: str, out: Path, model: str, backend: str, threads: int) -> dict:
@@ -66,7 +57,7 @@ def run_one(name: str, out: Path, model: str, backend: str, threads: int) -> dic
                              "episode": t.get("episode")} for t in data.pop("trajectories", [])]
         data["baseline_run"] = {"command": shlex.join(cmd), "wall_s": round(time.time() - t0, 1),
                                 "load_1min_start": round(load0, 2), "load_1min_end": round(os.getloadavg()[0], 2),
-                                "cpu": cpu_model()}
+                                "cpu": cpu_identity()["cpu"]}
         path.write_text(json.dumps(data, indent=1))
     data = json.loads(path.read_text())
     m = data["metrics"]
