@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
+import numbers
+import typing
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
@@ -73,7 +76,45 @@ class EnvConfig:
         for key in settings:
             if key not in names:
                 raise TypeError(f"{cls.__name__} has no setting {key!r}; its settings: {', '.join(names)}")
-        return dataclasses.replace(config, **settings) if config is not None else cls(**settings)
+        try:
+            built = dataclasses.replace(config, **settings) if config is not None else cls(**settings)
+        except TypeError:  # a value of the wrong type ('<' not supported ...): name it, as agentgym.make does
+            _check_types(cls, settings)
+            raise
+        _check_types(cls, settings)  # after the config's own value checks, whose errors come first
+        # the two limits every env has, checked here too so that a run's env_kwargs check (which builds the
+        # config) names them before a model loads; None (an env's own default) passes
+        _check_limits(**{k: getattr(built, k) for k in ("max_turns", "max_action_chars")
+                         if getattr(built, k, None) is not None})
+        return built
+
+
+@functools.lru_cache(maxsize=None)
+def _config_hints(cls: type) -> dict[str, Any]:
+    """The resolved annotations of a config class (none where they do not resolve: then nothing is checked)."""
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - an annotation this check cannot read is left to the env
+        return {}
+
+
+def _check_types(cls: type, settings: Mapping[str, Any]) -> None:
+    """The type check :func:`agentgym.make` runs on its arguments (:func:`agentgym.registry.check_env_kwargs`),
+    for every other caller too (``gymnasium.make``, the constructor): ``max_attempts must be int, got '3'``."""
+    from agentgym.registry import _describe, _fits
+    hints = _config_hints(cls)
+    for key, value in settings.items():
+        if key in hints and not _fits(value, hints[key]):
+            raise TypeError(f"{key} must be {_describe(hints[key])}, got {value!r}"[:300])
+
+
+def _check_limits(**limits: Any) -> None:
+    """``max_turns`` / ``max_action_chars``: each an int >= 1 (TypeError naming a wrong type, else ValueError)."""
+    for name, value in limits.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 def _copy_messages(messages: Sequence[Message]) -> list[Message]:
@@ -144,8 +185,7 @@ class AgentEnv(gym.Env[list, str]):
             self.group_reward = group_reward
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        _check_limits(max_turns=max_turns, max_action_chars=max_action_chars)
         self.render_mode = render_mode
         self.max_turns = int(max_turns)
         self.max_action_chars = int(max_action_chars)
@@ -239,6 +279,9 @@ class AgentEnv(gym.Env[list, str]):
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
+        if options is not None and not isinstance(options, Mapping):
+            raise ValueError(f"options must be a mapping ({{'task_index': i}} or {{'task': {{...}}}}), "
+                             f"got {type(options).__name__}")
         options = dict(options or {})
         unknown = set(options) - {"task", "task_index"}
         if unknown:

@@ -7,6 +7,7 @@ never raises on model output: an env turns the error into an observation and a p
 from __future__ import annotations
 
 import ast
+import bisect
 import functools
 import json
 import re
@@ -19,7 +20,7 @@ __all__ = [
     "ToolCall", "ToolCallParse", "parse_tool_calls",
     "ReActStep", "parse_react",
     "CodeBlock", "extract_code_blocks",
-    "extract_boxed", "truncate_after_stop",
+    "extract_boxed", "boxed_spans", "truncate_after_stop",
 ]
 
 
@@ -120,6 +121,12 @@ def _describe_json_error(payload: str, err: json.JSONDecodeError) -> str:
             f"(near {payload[lo:hi]!r})")
 
 
+def _value_error(err: ValueError) -> str:
+    """The first clause of a ``json.loads`` ValueError that is no JSONDecodeError (an integer over Python's
+    4300-digit limit): ``Exceeds the limit (4300 digits) for integer string conversion``."""
+    return str(err).split(":")[0]
+
+
 def parse_tool_calls(text: str, open_tag: str = "<tool_call>", close_tag: str = "</tool_call>") -> ToolCallParse:
     """Parse Hermes/Qwen-style ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks.
 
@@ -151,6 +158,9 @@ def parse_tool_calls(text: str, open_tag: str = "<tool_call>", close_tag: str = 
         except RecursionError:
             errors.append("invalid JSON in <tool_call>: nested too deeply")
             continue
+        except ValueError as e:  # a number too long for Python's int (over 4300 digits)
+            errors.append(f"invalid JSON in <tool_call>: {_value_error(e)}")
+            continue
         if not isinstance(obj, dict):
             errors.append(f"a tool call must be a JSON object, got {type(obj).__name__}")
             continue
@@ -167,6 +177,9 @@ def parse_tool_calls(text: str, open_tag: str = "<tool_call>", close_tag: str = 
                 continue
             except RecursionError:
                 errors.append(f"\"arguments\" of {name!r} is a string that is not valid JSON: nested too deeply")
+                continue
+            except ValueError as e:
+                errors.append(f"\"arguments\" of {name!r} is a string that is not valid JSON: {_value_error(e)}")
                 continue
         if args is None:
             args = {}
@@ -239,12 +252,19 @@ class CodeBlock:
     code: str
 
 
-_FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)[^\n]*\n(.*?)^[ \t]*\1[ \t]*$", re.MULTILINE | re.DOTALL)
+_FENCE_OPEN = re.compile(r"[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)")
 
 
 def extract_code_blocks(text: str, language: str | Sequence[str] | None = None) -> list[CodeBlock]:
     """Fenced code blocks (```lang ... ``` or ~~~), in order. ``language`` filters by the fence's
-    info string (case-insensitive); blocks without a language match only when ``""`` is allowed."""
+    info string (case-insensitive); blocks without a language match only when ``""`` is allowed.
+
+    A block opens with a line that starts (after spaces or tabs) with three or more backticks or tildes and
+    the language, and closes at the next line that holds the same fence alone (spaces or tabs around it).
+    An opening without such a line may close at a line of three or more of its first characters (its
+    fence cut shorter; the block then has no language), or opens no block. One pass over the lines, with
+    each closing line looked up, so the time is linear in the text (a regex over the whole text took cubic
+    time on thousands of unclosed fences)."""
     wanted: set[str] | None
     if language is None:
         wanted = None
@@ -252,15 +272,66 @@ def extract_code_blocks(text: str, language: str | Sequence[str] | None = None) 
         wanted = {language.lower()}
     else:
         wanted = {s.lower() for s in language}
+    lines = text.split("\n")
+    starts = [0]
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    closers: dict[str, list[int]] = {}  # a fence -> the lines that hold it alone, in order
+    for i, line in enumerate(lines):
+        bare = line.strip(" \t")
+        if len(bare) >= 3 and bare[0] in "`~" and bare == bare[0] * len(bare):
+            closers.setdefault(bare, []).append(i)
     blocks = []
-    for m in _FENCE.finditer(text):
-        lang = m.group(2).lower()
-        if wanted is None or lang in wanted:
-            blocks.append(CodeBlock(lang, m.group(3)))
+    i = 0
+    while i < len(lines) - 1:  # an opening line needs a line after it
+        m = _FENCE_OPEN.match(lines[i])
+        close = None
+        if m is not None:
+            fence = m.group(1)
+            for size in range(len(fence), 2, -1):  # the whole fence first, then shorter ones
+                found = closers.get(fence[0] * size, [])
+                k = bisect.bisect_right(found, i)
+                if k < len(found):
+                    close, lang = found[k], (m.group(2) if size == len(fence) else "")
+                    break
+        if close is None:
+            i += 1
+            continue
+        if wanted is None or lang.lower() in wanted:
+            blocks.append(CodeBlock(lang.lower(), text[starts[i + 1]:starts[close]]))
+        i = close + 1
     return blocks
 
 
 # --------------------------------------------------------------------------- boxed
+# a box's opening, an escaped character (a backslash that does not start a box, and the character after it),
+# or a brace: the only tokens that matter to the braces' balance
+_BOX_TOKENS = re.compile(r"(\\(?:boxed|fbox)\s*\{)|\\(?!\\(?:boxed|fbox)\s*\{)[\s\S]|[{}]")
+
+
+def boxed_spans(text: str) -> list[tuple[int, int, int]]:
+    r"""Every balanced ``\boxed{...}`` (or ``\fbox{...}``) of ``text`` as ``(start, content_start, end)``,
+    in the order the boxes start: ``text[content_start:end - 1]`` is the content, ``text[start:end]`` the box.
+
+    One pass with a stack of open braces (escaped ``\{`` ``\}`` skipped), so the time is linear in the
+    text: a reply of thousands of unclosed ``\boxed{`` costs no more than any other (scanning from each box
+    to its end took cubic time there)."""
+    spans: list[tuple[int, int, int]] = []
+    stack: list[tuple[int, int] | None] = []  # per open brace: (box start, content start), None for a plain one
+    for m in _BOX_TOKENS.finditer(text):
+        token = m.group()
+        if m.group(1):
+            stack.append((m.start(), m.end()))
+        elif token == "{":
+            stack.append(None)
+        elif token == "}" and stack:
+            box = stack.pop()
+            if box is not None:
+                spans.append((box[0], box[1], m.end()))
+    spans.sort()
+    return spans
+
+
 def extract_boxed(text: str, which: str = "last") -> str | None:
     r"""Content of ``\boxed{...}`` (or ``\fbox{...}``) with nested braces balanced.
 
@@ -269,23 +340,11 @@ def extract_boxed(text: str, which: str = "last") -> str | None:
     """
     if which not in ("first", "last"):
         raise ValueError("which must be 'first' or 'last'")
-    found: list[str] = []
-    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            c = text[i]
-            if c == "\\" and i + 1 < len(text):  # skip escaped braces like \{ \}
-                i += 2
-                continue
-            depth += (c == "{") - (c == "}")
-            i += 1
-        if depth == 0:
-            found.append(text[m.end():i - 1].strip())
-            if which == "first":
-                break
-    if not found:
+    spans = boxed_spans(text)
+    if not spans:
         return None
-    return found[0] if which == "first" else found[-1]
+    _, content_start, end = spans[0] if which == "first" else spans[-1]
+    return text[content_start:end - 1].strip()
 
 
 _AST_LOCK = threading.Lock()

@@ -71,7 +71,31 @@ def make(id: str, **kwargs: Any) -> gym.Env:
     if fid not in gym.registry:
         raise gym.error.NameNotFound(f"no env {fid!r}; registered agentgym envs: {', '.join(list_envs()) or 'none'}")
     check_env_kwargs(fid, kwargs)
-    return gym.make(fid, **kwargs)
+    env = gym.make(fid, **kwargs)
+    _retry_safe_env_checker(env)
+    return env
+
+
+def _retry_safe_env_checker(env: gym.Env) -> None:
+    """Gymnasium 1.4's ``PassiveEnvChecker`` marks its first ``reset`` as checked before that reset runs, so
+    when it raises (a bad seed, a task_index out of range) the first ``step`` after a later, good reset fails
+    with ``cannot unpack non-iterable NoneType object``. Here a reset that raises before any reset succeeded
+    leaves the check to the next one."""
+    from gymnasium.wrappers import PassiveEnvChecker
+    wrapper = env
+    while isinstance(wrapper, gym.Wrapper):
+        if isinstance(wrapper, PassiveEnvChecker) and not wrapper.checked_reset:
+            checked_reset = type(wrapper).reset.__get__(wrapper)
+
+            def reset(*, seed: Any = None, options: Any = None, _checker: Any = wrapper, _reset: Any = checked_reset):
+                try:
+                    return _reset(seed=seed, options=options)
+                except BaseException:
+                    if getattr(_checker, "_previous_data", None) is None:
+                        _checker.checked_reset = False  # not checked yet: the next reset runs the check
+                    raise
+            wrapper.reset = reset  # type: ignore[method-assign]
+        wrapper = wrapper.env
 
 
 def check_env_kwargs(id: str, kwargs: dict[str, Any]) -> None:

@@ -37,6 +37,7 @@ no held-out tasks left, and its HumanEval scores measure fitting, not generalisa
 
 from __future__ import annotations
 
+import math
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,10 +274,17 @@ class HumanEvalConfig(EnvConfig):
                              "held-out tasks)")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if self.timeout_s <= 0 or self.memory_mb < 16 or self.max_feedback_chars < 80:
-            raise ValueError("timeout_s must be > 0, memory_mb >= 16 and max_feedback_chars >= 80")
+        if not 0 < self.timeout_s < math.inf:  # NaN fails too; inf would let an endless loop run for ever
+            raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {self.timeout_s!r}")
+        if self.memory_mb < 16 or self.max_feedback_chars < 80:
+            raise ValueError(f"need memory_mb >= 16 and max_feedback_chars >= 80, got memory_mb={self.memory_mb!r}, "
+                             f"max_feedback_chars={self.max_feedback_chars!r}")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1 (or null: max_attempts + 1), got {self.max_turns!r}")
         if isinstance(self.sandbox, str) and self.sandbox not in SANDBOX_SPECS:
             raise ValueError(f"unknown sandbox {self.sandbox!r}; use one of {SANDBOX_SPECS} or a Sandbox instance")
+        if not isinstance(self.sandbox, str) and not callable(getattr(self.sandbox, "run", None)):
+            raise ValueError(f"sandbox must be one of {SANDBOX_SPECS} or a Sandbox instance, got {self.sandbox!r}")
 
 
 class HumanEvalEnv(AgentEnv):
@@ -297,7 +305,7 @@ class HumanEvalEnv(AgentEnv):
         self._code_sandbox = LazySandbox(c.sandbox, c.allow_unsafe)   # fails closed here, before any code runs
         self._attempts = 0
         self._last: dict[str, Any] | None = None
-        super().__init__(reward=c.reward, max_turns=c.max_turns or self.max_attempts + 1,
+        super().__init__(reward=c.reward, max_turns=self.max_attempts + 1 if c.max_turns is None else c.max_turns,
                          max_action_chars=c.max_action_chars, render_mode=c.render_mode, group_reward=c.group_reward)
 
     @property

@@ -53,6 +53,7 @@ import dataclasses
 import difflib
 import functools
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -63,7 +64,8 @@ from agentgym.splits import SPLITS, check_split, normalise_task_text
 from agentgym.envs.mathrl.answers import extract_answer
 
 __all__ = ["ReasoningGymEnv", "ReasoningGymConfig",
-           "SYSTEM_PROMPT", "DEFAULT_TASK", "ANSWER_FORMATS", "DEFAULT_SIZES", "dataset_score", "dataset_names"]
+           "SYSTEM_PROMPT", "DEFAULT_TASK", "ANSWER_FORMATS", "DEFAULT_SIZES", "MAX_SIZE", "dataset_score",
+           "dataset_names"]
 
 SYSTEM_PROMPT = (
     "Solve the problem. You may reason first; then give your final answer, and nothing else, inside "
@@ -71,6 +73,8 @@ SYSTEM_PROMPT = (
 )
 DEFAULT_TASK = "basic_arithmetic"
 DEFAULT_SIZES = {"train": 1000, "validation": 100, "test": 200}
+MAX_SIZE = 100_000               # questions per split at most: drawing is ~1000 questions a second, and up to
+                                 # 4x size draws are made before a split is declared unfillable
 _SPLIT_OFFSETS = {"train": 0, "validation": 2 ** 30, "test": 2 ** 31}
 _MAX_SEED = 2 ** 30              # keeps every item seed below 2**32 (numpy-seeded generators need that)
 _DRAWS_PER_TASK, _EXTRA_DRAWS = 4, 200   # draws allowed before a split is declared unfillable
@@ -137,8 +141,8 @@ def _mix_spec(task: str | None, task_config: Any, tasks: Any) -> tuple[tuple[str
                          f"got keys {sorted(configs) if isinstance(configs, Mapping) else configs!r}")
     spec = []
     for name, weight in tasks.items():
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-            raise ValueError(f"the weight of {name!r} must be a positive number, got {weight!r}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight < math.inf:
+            raise ValueError(f"the weight of {name!r} must be a positive number (not inf or nan), got {weight!r}")
         spec.append((name, float(weight), json.dumps(_check_config(name, configs.get(name)), sort_keys=True)))
     return tuple(spec)
 
@@ -204,6 +208,8 @@ def _split_sizes(size: Any) -> dict[str, int]:
     for split, n in sizes.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"size of the {split} split must be a positive int, got {n!r}")
+        if n > MAX_SIZE:
+            raise ValueError(f"size of the {split} split must be at most {MAX_SIZE}, got {n!r}")
     return sizes
 
 
@@ -219,8 +225,8 @@ class ReasoningGymConfig(EnvConfig):
     split: str = field(default="train", metadata={
         "help": "train, validation or test (disjoint, deduplicated question sets)"})
     size: int | Mapping[str, int] | None = field(default=None, metadata={
-        "help": "questions per split (num_tasks): an int for all three or {train: n, ...}; "
-                "null: DEFAULT_SIZES (1000 / 100 / 200)"})
+        "help": "questions per split (num_tasks, at most MAX_SIZE = 100000): an int for all three or "
+                "{train: n, ...}; null: DEFAULT_SIZES (1000 / 100 / 200)"})
     seed: int = field(default=0, metadata={
         "help": "the base seed in [0, 2**30); each split draws from its own seed range above it"})
     max_turns: int = field(default=2, metadata={

@@ -7,6 +7,8 @@ oracle replays the ground truth through ``env.step`` exactly as a policy would.
 from __future__ import annotations
 
 import json
+import re
+import time
 from typing import Any
 
 import pytest
@@ -204,6 +206,65 @@ def test_multi_turn_hostile_calls_never_run_code():
         assert check_invalid_step(obs, info) is None and env.observation_space.contains(obs)
         if terminated or truncated:
             env.reset(options={"task_index": 0})
+
+
+def test_a_number_past_pythons_digit_limit_is_an_invalid_action():
+    """json.loads raises a plain ValueError (not a JSONDecodeError) for an integer of more than 4300 digits."""
+    for category in ("simple_python", "multi_turn_base"):
+        env = BFCLEnv(category=category)
+        env.reset(options={"task_index": 0})
+        huge = "9" * 5000
+        as_string = json.dumps({"name": "cd", "arguments": '{"folder": ' + huge + "}"})   # arguments as a JSON string
+        for action in ('<tool_call>{"name": "cd", "arguments": {"folder": ' + huge + '}}</tool_call>',
+                       f"<tool_call>{as_string}</tool_call>"):
+            obs, reward, terminated, truncated, info = env.step(action)
+            assert info["action_type"] == "invalid" and not terminated, (category, obs)
+            assert "4300 digits" in obs[0]["content"] and check_invalid_step(obs, info) is None
+        env.close()
+
+
+@pytest.mark.parametrize("depth", [150, 500, 900])
+def test_deeply_nested_multi_turn_arguments_are_a_tool_error(depth):
+    """Nesting that json accepts (under ~1000 levels) but Python's parser (200) and a recursive walk do not."""
+    env = BFCLEnv(category="multi_turn_base")
+    env.reset(options={"task_index": 0})
+    nested = "[" * depth + "]" * depth
+    obs, reward, terminated, truncated, info = env.step(
+        '<tool_call>{"name": "cd", "arguments": {"folder": ' + nested + '}}</tool_call>')
+    assert info["action_type"] == "tool_call" and not terminated
+    assert obs == [{"role": "tool", "name": "cd",
+                    "content": "Error: the arguments of 'cd' are nested too deeply (at most 100 levels)."}]
+    obs, *_ = env.step(call("cd", folder="document"))   # the episode goes on
+    assert "Error" not in obs[0]["content"]
+    env.close()
+
+
+def test_math_api_arguments_that_would_compute_for_minutes_are_refused():
+    env = BFCLEnv(category="multi_turn_base")
+    index = next(i for i, t in enumerate(load_tasks("multi_turn_base")) if "MathAPI" in t["involved_classes"])
+    env.reset(options={"task_index": index})
+    t0 = time.monotonic()
+    obs, *_ = env.step(call("power", base=1000000, exponent=1000000) + call("square_root", number=2, precision=10**6)
+                       + call("logarithm", value=10, base=2, precision=10**6) + call("power", base=2, exponent=10)
+                       + call("square_root", number=2, precision=10))
+    assert time.monotonic() - t0 < 10
+    contents = [m["content"] for m in obs]
+    assert contents[:3] == ["Error: exponent of 'power' must lie within ±1000, got 1000000.",
+                            "Error: precision of 'square_root' must lie within ±1000, got 1000000.",
+                            "Error: precision of 'logarithm' must lie within ±1000, got 1000000."]
+    assert json.loads(contents[3]) == {"result": 1024} and "1.41421" in contents[4]
+    env.close()
+
+
+def test_wrong_types_and_values_of_the_settings_are_one_line_errors():
+    import gymnasium as gym
+    for bad, message in (({"max_steps_per_turn": "x"}, "max_steps_per_turn must be int, got 'x'"),
+                         ({"tools_in_prompt": "no"}, "tools_in_prompt must be bool, got 'no'"),
+                         ({"max_action_chars": -5}, "max_action_chars must be >= 1, got -5")):
+        for make in (lambda: BFCLEnv(**bad), lambda: gym.make("agentgym/BFCL-v0", **bad),
+                     lambda: agentgym.make("BFCL-v0", **bad)):
+            with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+                make()
 
 
 # --------------------------------------------------------------------------- multi-turn flow

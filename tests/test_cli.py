@@ -312,6 +312,42 @@ def test_eval_makes_the_folder_of_its_json_and_says_a_bad_output_path_before_it_
     assert r.returncode == 2 and kept.read_text() == "an earlier eval"   # the probe leaves a file as it was
 
 
+@pytest.mark.parametrize("args, said", [
+    (["HumanEval-v0", "--split", "train"], "error: ConfigError: split: HumanEval-v0: HumanEval has only a test split"),
+    (["BFCL-v0", "--split", "train"], "error: ConfigError: split: BFCL-v0: split must be 'test'"),
+    (["ReasoningGym-v0", "--split", "nope"],
+     "error: ConfigError: split: ReasoningGym-v0: split must be one of ['train', 'validation', 'test'], got 'nope'"),
+    (["ReasoningGym-v0", "--episodes", "2", "--first-task", "100000"],
+     "error: ConfigError: first_task 100000 with episodes 2 goes past the last task of ReasoningGym-v0 (200 tasks, "
+     "indices 0..199): give first_task at most 199"),
+    (["HumanEval-v0", "--episodes", "2", "--first-task", "163"],
+     "error: ConfigError: first_task 163 with episodes 2 goes past the last task of HumanEval-v0 (164 tasks, "
+     "indices 0..163): give at most 1 episodes from there"),
+    (["BFCL-v0", "tasks=[1,400]"], "error: ConfigError: tasks: BFCL-v0 has 400 tasks (indices 0..399); no task 400"),
+    (["ReasoningGym-v0", "--seed", "-1"], "error: ConfigError: EvalRunConfig: seed must be >= 0, got -1"),
+    (["ReasoningGym-v0", "-e", "size=1000000000"],
+     "error: ConfigError: env_kwargs: ReasoningGym-v0: size of the train split must be at most 100000, got 1000000000"),
+    (["ReasoningGym-v0", "-e", "max_action_chars=-5"],
+     "error: ConfigError: env_kwargs: ReasoningGym-v0: max_action_chars must be >= 1, got -5"),
+    (["HumanEval-v0", "-e", "timeout_s=.inf"],
+     "error: ConfigError: env_kwargs: HumanEval-v0: timeout_s must be a finite number of seconds > 0, got inf"),
+])
+def test_eval_says_a_bad_split_task_range_or_setting_in_one_line_before_any_episode(args, said):
+    """Each used to fail after the episodes had started (a progress bar, then the error; a first episode's work
+    lost with --first-task near the end), or to run for hours (a split of 10**9 questions)."""
+    r = run_cli("eval", *args, "--policy", "oracle", "--threads", "1", timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().startswith(said), r.stderr[-800:]
+    assert len(r.stderr.strip().splitlines()) == 1 and "eval agentgym" not in r.stderr
+
+
+def test_eval_split_null_passes_no_split(tmp_path):
+    out = tmp_path / "eval.json"
+    r = run_cli("eval", "ReasoningGym-v0", "--policy", "oracle", "--episodes", "1", "--split", "null", "--threads", "1",
+                "-e", "size=3", "--json", str(out), timeout=300)
+    assert r.returncode == 0, r.stderr[-800:]
+    assert json.loads(out.read_text())["env_kwargs"] == {"size": 3}     # the env's own default split (train)
+
+
 def test_check_refuses_a_negative_action_count():
     r = run_cli("check", "Arithmetic-v0", "--actions", "-5")
     assert r.returncode == 2 and r.stderr.strip() == "error: ConfigError: --actions must be >= 0, got -5"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import threading
 import time
 
@@ -81,6 +82,22 @@ def test_only_a_test_split(sandbox):
             HumanEvalEnv(split=split, sandbox=sandbox)
     with pytest.raises(ValueError, match="max_attempts"):
         HumanEvalEnv(max_attempts=0, sandbox=sandbox)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"timeout_s": math.inf}, "timeout_s must be a finite number of seconds > 0, got inf"),   # loops never end
+    ({"timeout_s": math.nan}, "timeout_s must be a finite number of seconds > 0, got nan"),
+    ({"timeout_s": -1}, "timeout_s must be a finite number of seconds > 0, got -1"),
+    ({"max_turns": 0}, "max_turns must be >= 1 (or null: max_attempts + 1), got 0"),           # was taken as null
+    ({"sandbox": 5}, "sandbox must be one of ('auto', 'docker', 'bwrap', 'subprocess') or a Sandbox instance, got 5"),
+    ({"memory_mb": 1}, "need memory_mb >= 16 and max_feedback_chars >= 80, got memory_mb=1"),
+    ({"max_attempts": "3"}, "max_attempts must be int, got '3'"),
+])
+def test_bad_settings_are_one_line_errors_on_every_path(bad, message):
+    import gymnasium as gym
+    for make in (lambda: HumanEvalEnv(**bad), lambda: agentgym.make(ENV_ID, **bad), lambda: gym.make(ENV_ID, **bad)):
+        with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+            make()
 
 
 # --------------------------------------------------------------------------- every canonical solution
@@ -157,6 +174,44 @@ def test_an_endless_loop_is_cut_by_the_time_limit(sandbox):
     obs, _, _, _, info = env.step(fenced("while True:\n    pass\n\ndef has_close_elements(numbers, threshold):\n"
                                          "    return True\n"))
     assert info["status"] == "timeout"
+
+
+HEAD = "def has_close_elements(numbers, threshold):\n"
+
+
+@pytest.mark.parametrize("name, code", [
+    ("exit in the function", HEAD + "    import os\n    os._exit(0)\n"),
+    ("exit at load", "import os\nos._exit(0)\n" + HEAD + "    return True\n"),
+    ("exit from a thread", "import os, threading\nthreading.Thread(target=lambda: os._exit(0)).start()\n" + HEAD
+     + "    import time\n    time.sleep(1)\n    return True\n"),
+    ("kill every process", "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass\n"
+     + HEAD + "    return True\n"),
+    ("fork flood", "import os\nfor _ in range(5000):\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+     + HEAD + "    return True\n"),
+    ("huge output", "import sys\nsys.stdout.write('x' * 10**8)\nsys.stderr.write('y' * 10**8)\n" + HEAD
+     + "    return True\n"),
+    ("signals ignored, then a loop", "import signal\nfor s in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT):\n"
+     "    signal.signal(s, signal.SIG_IGN)\n" + HEAD + "    while True:\n        pass\n"),
+])
+def test_hostile_programs_fail_inside_the_sandbox(sandbox, name, code):
+    """Code that exits, kills, forks, floods the output or dodges signals: a failed attempt with an observation,
+    within the time limit, and the next episode runs as usual."""
+    env = HumanEvalEnv(sandbox=sandbox, timeout_s=2.0)
+    start = time.monotonic()
+    obs, reward, terminated, truncated, info = play(env, fenced(code))
+    assert time.monotonic() - start < 30, name
+    assert (reward, terminated, info["passed"]) == (0.0, True, False), (name, info)
+    assert info["status"] != "passed" and obs[0]["content"].startswith("Attempt 1 of 1: "), (name, obs)
+    assert play(env, HumanEvalEnv.oracle({"task": humaneval_problems()[0]}))[1] == 1.0, name
+
+
+def test_a_flood_of_unclosed_fences_is_an_invalid_reply_at_once(env):
+    """Thousands of opening fences without a closing one: a regex over the whole text took a minute (cubic)."""
+    for action in ("```a\n" * 3000, "```python\n" * 1500, "````python\nx = (\n" * 800):
+        start = time.monotonic()
+        obs, reward, terminated, truncated, info = play(env, action)
+        assert time.monotonic() - start < 3
+        assert info["action_type"] == "invalid" and "not closed" in obs[0]["content"], obs
 
 
 def test_the_reply_forms_that_are_accepted(env):

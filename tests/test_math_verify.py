@@ -87,6 +87,39 @@ def test_a_computation_past_the_time_bound_is_cut_and_unequal():
     assert answers_equal(r"\sqrt{2}/2", r"\frac{\sqrt{2}}{2}")
 
 
+@pytest.mark.parametrize("tower", [r"2^{2^{2^{2^{100}}}}", r"10^{10^{10}}", r"100000000!", r"(10^{100})!"])
+def test_slow_inputs_get_a_verdict_within_the_bound(tower):
+    start = time.monotonic()
+    assert answers_equal(tower, r"\sqrt{2}", timeout_s=2.0) is False
+    assert time.monotonic() - start < 2.0 + answers._GRACE_S + 3
+
+
+def test_a_flood_of_unclosed_boxes_is_extracted_in_linear_time():
+    """Thousands of ``\\boxed{`` that never close (scanning from each box to the end took cubic time: 26 s for
+    200 of them), and boxes around them: the last balanced, non-empty one is the answer."""
+    from agentgym.envs.mathrl.answers import extract_answer
+    from agentgym.parsing import extract_boxed
+    start = time.monotonic()
+    assert extract_answer("\\boxed{" * 2000) is None and extract_boxed("\\boxed{" * 2000) is None
+    found = extract_answer("\\boxed{1} " + "\\boxed{" * 2000 + "\\boxed{} \\boxed{ 7 }")
+    assert (found.text, found.method) == ("7", "boxed")
+    assert extract_answer("\\boxed{\\frac{1}{2}} " + "\\boxed{" * 2000).text == "\\frac{1}{2}"
+    assert time.monotonic() - start < 2
+
+
+def test_math_env_scores_hostile_replies_without_raising():
+    import agentgym
+    env = agentgym.make("Math-v0")
+    for reply in ("", "\ud800", "\x00", "\\boxed{" * 2000, f"\\boxed{{{'9' * 10_000}}}", "\\boxed{1e999999}",
+                  "x" * (1 << 20)):
+        env.reset(seed=0)
+        start = time.monotonic()
+        obs, reward, terminated, truncated, info = env.step(reply)
+        assert time.monotonic() - start < answers.VERIFY_TIMEOUT_S * 2 + 4, reply[:20]
+        assert info["action_type"] in ("invalid", "answer") and reward <= 0.0, (reply[:20], info)
+    env.close()
+
+
 def test_calls_from_worker_threads_work():
     """math-verify's own timeouts use signals (main thread only); ours run in the helper process."""
     pairs = EQUAL[:6] + UNEQUAL[:6] + [(hostile, "1") for hostile in HOSTILE[:4]]

@@ -5,6 +5,8 @@ clear line, and ``agentgym eval --policy oracle`` runs it end to end."""
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections import Counter
 
 import pytest
@@ -158,11 +160,63 @@ def test_a_task_given_at_reset_is_scored_by_its_dataset():
     ({"size": 0}, "must be a positive int"),
     ({"seed": -1}, "seed must be an int in [0, 2**30)"),
     ({"answer_format": "loose"}, "answer_format must be one of ['tag', 'flexible'], got 'loose'"),
+    ({"size": 10**9}, "size of the train split must be at most 100000, got 1000000000"),   # drew for hours
+    ({"size": {"test": 100_001}}, "size of the test split must be at most 100000"),
+    ({"tasks": {"chain_sum": float("inf")}}, "'chain_sum' must be a positive number (not inf or nan), got inf"),
+    ({"max_action_chars": -5}, "max_action_chars must be >= 1, got -5"),
+    ({"max_turns": 0}, "max_turns must be >= 1, got 0"),
 ])
 def test_bad_configs_are_one_line_errors(kwargs, message):
     with pytest.raises(ValueError) as e:
         ReasoningGymEnv(**kwargs)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_wrong_types_are_named_through_gymnasium_make_too():
+    import gymnasium as gym
+    for bad, message in (({"max_turns": "x"}, "max_turns must be int, got 'x'"),
+                         ({"max_action_chars": "big"}, "max_action_chars must be int, got 'big'"),
+                         ({"size": "abc"}, "size of the train split must be a positive int, got 'abc'"),
+                         ({"task_config": "abc"}, "the config of 'basic_arithmetic' must be a mapping of its fields")):
+        with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+            gym.make("agentgym/ReasoningGym-v0", **bad)
+
+
+def test_a_failed_reset_leaves_the_env_usable():
+    """Bad seeds, task indices and options are one clear error each, and the env plays on afterwards (Gymnasium
+    1.4's env checker broke the first step when the very first reset had raised; agentgym.make mends that)."""
+    import gymnasium as gym
+    for first_reset_fails in (True, False):
+        env = agentgym.make("ReasoningGym-v0", split="test", size=3)
+        if not first_reset_fails:
+            env.reset(seed=0)
+        with pytest.raises(gym.error.Error, match="Seed must be a python integer"):
+            env.reset(seed="abc")
+        for options, message in (({"task_index": 10**9}, "task_index 1000000000 out of range [0, 3)"),
+                                 ({"task_index": "1"}, "options['task_index'] must be an int, got '1'"),
+                                 ([1], "options must be a mapping"),
+                                 ({"task": "x"}, "options['task'] must be a mapping, got str")):
+            with pytest.raises(ValueError, match=re.escape(message)):
+                env.reset(options=options)
+        _, info = env.reset(options={"task_index": 2})
+        reply = ReasoningGymEnv.oracle({"task": info["privileged"]["task"]})
+        obs, reward, terminated, truncated, info = env.step(reply)
+        assert (reward, terminated) == (1.0, True)
+        with pytest.raises(RuntimeError, match="finished episode; call reset"):
+            env.step(reply)
+        env.close()
+
+
+def test_hostile_replies_are_scored_or_invalid_never_raised():
+    for answer_format in ("tag", "flexible"):
+        env = ReasoningGymEnv(split="test", size=2, answer_format=answer_format)
+        for reply in ("", "\ud800", "\x00<answer>\x00</answer>", f"<answer>{'9' * 10_000}</answer>",
+                      "\\boxed{" * 2000, "<answer>" * 2000, "x" * (1 << 20), "1 " * 8000):
+            env.reset(options={"task_index": 0})
+            start = time.monotonic()
+            obs, reward, terminated, truncated, info = env.step(reply)
+            assert time.monotonic() - start < 5, (answer_format, reply[:20])
+            assert info["action_type"] in ("invalid", "answer") and 0.0 <= info.get("score", 0.0) <= 1.0
 
 
 def test_registered_and_listed():

@@ -164,7 +164,10 @@ def _eval_config(args: argparse.Namespace) -> Any:
         overrides.insert(0, env_id)
         env_id = None
     pre = [f"env={json.dumps(env_id)}"] if env_id else []
-    pre += [f"{k}={json.dumps(getattr(args, k))}" for k in _EVAL_FLAGS if hasattr(args, k)]
+    flags = {k: getattr(args, k) for k in _EVAL_FLAGS if hasattr(args, k)}
+    if flags.get("split") == "null":  # `--split null`: no split passed (the help's word for None)
+        flags["split"] = None
+    pre += [f"{k}={json.dumps(v)}" for k, v in flags.items()]
     # -e values as typed: the config reads them with the one value parser, as it reads train's overrides
     pre += [f"env_kwargs.{k}={v}" for k, v in split_kv(getattr(args, "env_kwarg", None))]
     cfg = load_config(EvalRunConfig, args.config, pre + overrides)
@@ -184,7 +187,7 @@ def _eval_baseline(cfg: Any, env_id: str) -> tuple[dict[str, Any], list[dict[str
     if not cfg.paired_with:
         return None
     from agentgym.config import ConfigError
-    from agentgym.app.eval_run import env_takes_split, load_eval_tasks
+    from agentgym.app.eval_run import eval_env_kwargs, load_eval_tasks
     from agentgym.registry import full_id
     try:
         head, tasks = load_eval_tasks(cfg.paired_with)
@@ -192,9 +195,7 @@ def _eval_baseline(cfg: Any, env_id: str) -> tuple[dict[str, Any], list[dict[str
         raise ConfigError(str(e)) from None
     if full_id(str(head["env"])) != full_id(env_id):
         raise ConfigError(f"paired_with: {cfg.paired_with} evaluated {head['env']}, not {env_id}")
-    mine = dict(cfg.env_kwargs)
-    if cfg.split is not None and "split" not in mine and env_takes_split(env_id):
-        mine["split"] = cfg.split
+    mine = eval_env_kwargs(cfg, env_id)
     if head["env_kwargs"] != mine:
         raise ConfigError(f"paired_with: {cfg.paired_with} ran the env with {head['env_kwargs']}, this eval with "
                           f"{mine}: not the same tasks")
@@ -275,10 +276,12 @@ def _evaluate_with_bar(policy: Any, cfg: Any, env_id: str) -> Any:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from agentgym.config import to_dict
+    from agentgym.app.eval_run import check_eval_env
     from agentgym.evaluation import paired_difference, task_summary
     cfg = _eval_config(args)
     env_id = require_env(cfg.env)
     check_env_arguments(env_id, cfg.env_kwargs)   # names, types, and a reward given as data resolves
+    check_eval_env(cfg, env_id)                   # the split passed, and first_task / tasks within the env's tasks
     check_model(cfg.model, "model")             # a mistyped folder or hub id: at once, before torch imports
     baseline = _eval_baseline(cfg, env_id)  # before the eval: a wrong file is said at once, not after it
     _prepare_outputs(cfg)

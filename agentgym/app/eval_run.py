@@ -21,7 +21,8 @@ from agentgym.rollout import RolloutEngine
 from agentgym.rollout_config import ROLLOUT_ALIASES, RolloutConfig, RolloutViews
 from agentgym.trajectory import Trajectory
 
-__all__ = ["EvalRunConfig", "evaluate", "env_takes_split", "load_eval_tasks", "pass_at_k_text"]
+__all__ = ["EvalRunConfig", "evaluate", "env_takes_split", "eval_env_kwargs", "check_eval_env", "load_eval_tasks",
+           "pass_at_k_text"]
 
 
 @dataclass
@@ -72,6 +73,8 @@ class EvalRunConfig(RolloutViews):
             raise ValueError("episodes, group_size and batch_size must be >= 1")
         if self.first_task is not None and self.first_task < 0:
             raise ValueError(f"first_task must be >= 0, got {self.first_task}")
+        if self.seed < 0:  # numpy's generators, which draw the tasks, take no negative seed
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
         if self.tasks is not None:
             if self.first_task is not None:
                 raise ValueError("give tasks or first_task, not both")
@@ -145,6 +148,48 @@ def env_takes_split(env_id: str) -> bool:
     return "split" in params
 
 
+def eval_env_kwargs(cfg: EvalRunConfig, env_id: str) -> dict[str, Any]:
+    """The arguments the eval builds the env with: ``cfg.env_kwargs``, and ``cfg.split`` where the env takes one."""
+    env_kwargs = dict(cfg.env_kwargs)
+    if cfg.split is not None and "split" not in env_kwargs and env_takes_split(env_id):
+        env_kwargs["split"] = cfg.split
+    return env_kwargs
+
+
+def check_eval_env(cfg: EvalRunConfig, env_id: str) -> None:
+    """What the eval would find only once it ran, checked before a model loads (``ConfigError``, one line): the
+    split the eval passes is one the env has, and the tasks named by ``first_task`` / ``tasks`` exist (the env
+    is built once for its ``num_tasks``; only when they are given)."""
+    import agentgym
+    from agentgym.config import ConfigError
+    from agentgym.registry import check_env_kwargs
+    env_kwargs = eval_env_kwargs(cfg, env_id)
+    if "split" in env_kwargs and "split" not in cfg.env_kwargs:
+        try:
+            check_env_kwargs(env_id, env_kwargs)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"split: {e}") from None
+    if cfg.first_task is None and cfg.tasks is None:
+        return
+    env = agentgym.make(env_id, **env_kwargs)
+    try:
+        n = env.unwrapped.num_tasks
+    finally:
+        env.close()
+    if n is None:
+        return
+    name = env_id.split("/", 1)[-1]
+    if cfg.tasks is not None:
+        beyond = [i for i in cfg.tasks if i >= n]
+        if beyond:
+            raise ConfigError(f"tasks: {name} has {n} tasks (indices 0..{n - 1}); no task {beyond[0]}")
+    elif cfg.first_task + cfg.episodes > n:
+        room = n - cfg.first_task
+        fix = f"at most {room} episodes from there" if room > 0 else f"first_task at most {n - 1}"
+        raise ConfigError(f"first_task {cfg.first_task} with episodes {cfg.episodes} goes past the last task of {name} "
+                          f"({n} tasks, indices 0..{n - 1}): give {fix}")
+
+
 def evaluate(policy: Any, cfg: EvalRunConfig, env_id: str,
              progress: Callable[[int, list[Trajectory]], None] | None = None,
              on_turn: Callable[[int, int, tuple[int, int] | None], None] | None = None) -> EvalResult:
@@ -155,9 +200,7 @@ def evaluate(policy: Any, cfg: EvalRunConfig, env_id: str,
     ``progress(new_episodes, all_so_far)`` after each rollout call; ``on_turn(episodes_done,
     tokens_generated, generating)`` as the engine advances — every turn, and with an hf policy every decode
     step, when ``generating`` is (sequences done, sequences) of the call in flight — for a live bar."""
-    env_kwargs = dict(cfg.env_kwargs)
-    if cfg.split is not None and "split" not in env_kwargs and env_takes_split(env_id):
-        env_kwargs["split"] = cfg.split
+    env_kwargs = eval_env_kwargs(cfg, env_id)
     rollout = cfg.rollout
     if rollout.sampling.seed is None:  # the run's seed makes sampling reproducible
         rollout = rollout.replace(sampling=rollout.sampling.replace(seed=cfg.seed))

@@ -20,11 +20,18 @@ import uuid
 import weakref
 from typing import Any, Mapping, Sequence
 
-__all__ = ["MultiTurnSession", "call_string", "score_multi_turn", "ground_truth_calls", "MAX_INT"]
+__all__ = ["MultiTurnSession", "call_string", "score_multi_turn", "ground_truth_calls", "MAX_INT", "MAX_DEPTH"]
 
 #: the largest integer argument passed on: BFCL's classes compute with arguments directly
 #: (``MathAPI.power(10, 10**9)`` would run for minutes); every ground-truth integer is below 10**6
 MAX_INT = 10**6
+#: the deepest nesting of lists and objects in an argument passed on: the executor ``eval``s the call, and
+#: Python's parser takes at most 200 nested brackets (every ground-truth argument is at most 2 deep)
+MAX_DEPTH = 100
+#: tighter bounds on the arguments that set how much BFCL's MathAPI computes (``power(10, 10**6)``,
+#: ``square_root(2, precision=10**6)`` run for minutes); the ground truth uses precision 10, and no power
+_ARGUMENT_LIMITS = {("power", "exponent"): 1000, ("square_root", "precision"): 1000,
+                    ("logarithm", "precision"): 1000}
 
 
 def _utils() -> Any:
@@ -45,14 +52,30 @@ def _drop_instances(model_name: str) -> None:
 
 
 def _too_big(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return abs(value) > MAX_INT
-    if isinstance(value, dict):
-        return any(_too_big(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_too_big(v) for v in value)
+    """Whether ``value`` holds an integer beyond ±MAX_INT (walked without recursion: nesting is checked apart)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int) and abs(v) > MAX_INT:
+            return True
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether ``value`` nests lists and objects more than MAX_DEPTH levels deep."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth >= MAX_DEPTH:
+                return True
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
     return False
 
 
@@ -86,8 +109,14 @@ class MultiTurnSession:
         text = call_string(name, arguments)
         if text is None:
             return None, f"Error: the argument names of {name!r} must be plain identifiers."
+        if _too_deep(arguments):
+            return None, f"Error: the arguments of {name!r} are nested too deeply (at most {MAX_DEPTH} levels)."
         if _too_big(arguments):
             return None, f"Error: integer arguments of {name!r} must lie within ±{MAX_INT}."
+        for key, value in arguments.items():
+            limit = _ARGUMENT_LIMITS.get((name, key))
+            if limit is not None and isinstance(value, (int, float)) and not abs(value) <= limit:
+                return None, f"Error: {key} of {name!r} must lie within ±{limit}, got {value!r}."
         return text, None
 
     def execute(self, calls: Sequence[str]) -> list[str]:

@@ -59,7 +59,7 @@ import time
 from dataclasses import dataclass
 from fractions import Fraction
 
-from agentgym.parsing import extract_boxed
+from agentgym.parsing import boxed_spans
 
 __all__ = ["Extracted", "extract_answer", "parse_number", "answers_equal", "format_fraction", "latex_fraction",
            "NUMBER_PATTERN", "VERIFY_TIMEOUT_S", "VERIFY_MEMORY_MB", "VERIFY_MAX_CHARS", "VERIFY_MAX_DEPTH"]
@@ -111,19 +111,11 @@ def extract_answer(text: str) -> Extracted | None:
 
 
 def _last_box(text: str) -> Extracted | None:
-    """The last balanced, non-empty ``\\boxed{...}`` with its span (``extract_boxed`` decides the content)."""
-    for m in reversed(list(re.finditer(r"\\(?:boxed|fbox)\s*\{", text))):
-        content = extract_boxed(text[m.start():], "first")
-        if content is None or not content.strip():
-            continue
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            if text[i] == "\\":
-                i += 2
-                continue
-            depth += (text[i] == "{") - (text[i] == "}")
-            i += 1
-        return Extracted(content.strip(), "boxed", m.start(), i)
+    """The last balanced, non-empty ``\\boxed{...}`` with its span (one linear pass: ``boxed_spans``)."""
+    for start, content_start, end in reversed(boxed_spans(text)):
+        content = text[content_start:end - 1].strip()
+        if content:
+            return Extracted(content, "boxed", start, end)
     return None
 
 
