@@ -29,7 +29,12 @@ BENCHMARKS: dict[str, tuple[str, list[str]]] = {
     "humaneval": ("HumanEval-v0", ["--episodes", "164", "--first-task", "0", "--max-new-tokens", "1024"]),
     **{f"bfcl/{c}": ("BFCL-v0", ["--env-kwarg", f"category={c}", "--episodes", str(n), "--first-task", "0",
                                  "--max-new-tokens", "512"])
-       for c, n in (("simple_python", 400), ("multiple", 200), ("parallel", 200), ("multi_turn_base", 50))},
+       for c, n in (("simple_python", 400), ("multiple", 200), ("parallel", 200))},
+    # multi-turn prompts carry every function's documentation: at the default 2 048-token context most
+    # episodes end before the model's first turn, so they get SmolLM2's whole window (8 192 tokens)
+    "bfcl/multi_turn_base": ("BFCL-v0", ["--env-kwarg", "category=multi_turn_base", "--episodes", "50",
+                                         "--first-task", "0", "--max-new-tokens", "512",
+                                         "--max-context-tokens", "8192"]),
     # reasoning-gym's own rule (the answer inside <answer> tags), then answer_format=flexible (the tag, else
     # a boxed answer, an "answer is" number or the last number), which is what SmolLM2 can be scored on
     **{f"reasoning_gym{suffix}/{t}": ("ReasoningGym-v0", ["--env-kwarg", f"task={t}", *extra, "--episodes", "50",
