@@ -392,3 +392,24 @@ def test_a_plugin_that_cannot_be_imported_is_one_line(tmp_path, name, source, me
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message.format(dir=tmp_path)), lines
+
+
+def test_eval_warns_when_the_prompt_never_fits_the_context(tmp_path):
+    """An episode whose first prompt + max_new_tokens exceeds max_context_tokens ends before the model acts; eval
+    scores it a failure (as before) but says so in one warning line naming the setting to raise."""
+    out = tmp_path / "eval.json"
+    r = run_cli("--threads", "1", "eval", "Arithmetic-v0", "--policy", "tiny-random", "--episodes", "2",
+                "--max-new-tokens", "8", "--max-context-tokens", "24", "--json", str(out), timeout=300)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-800:]
+    said = [line for line in r.stderr.splitlines() if line.startswith("[eval] warning")]
+    assert len(said) == 1 and "2 of 2 episodes ended at the context limit before the model's first turn" in said[0]
+    assert "max_context_tokens 24" in said[0] and "--max-context-tokens" in said[0]
+    data = json.loads(out.read_text())
+    assert all(t["episode"]["end_reason"] == "context_limit" and not t["actions"] for t in data["trajectories"])
+
+
+def test_eval_does_not_warn_when_the_prompt_fits(tmp_path):
+    r = run_cli("--threads", "1", "eval", "Arithmetic-v0", "--policy", "tiny-random", "--episodes", "2",
+                "--max-new-tokens", "8", timeout=300)
+    assert r.returncode == 0, r.stderr[-800:]
+    assert "[eval] warning" not in r.stderr

@@ -297,6 +297,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if infra:
         print(f"[eval] {len(infra)} of {len(result.trajectories)} episodes ended on an infrastructure error, not on the "
               f"policy's action, and are left out of every score (first: {str(infra[0])[:300]})", file=sys.stderr)
+    unplayed = [t for t in result.trajectories if (t.episode or {}).get("end_reason") == "context_limit" and not t.actions]
+    if unplayed:   # scored as failures, but the model never acted: say so rather than report a silent 0
+        r = cfg.rollout
+        print(f"[eval] warning: {len(unplayed)} of {len(result.trajectories)} episodes ended at the context limit "
+              f"before the model's first turn (their prompt + max_new_tokens {r.sampling.max_new_tokens} > "
+              f"max_context_tokens {r.max_context_tokens}); they count as failures. Raise --max-context-tokens "
+              "(up to the model's window) or lower --max-new-tokens.", file=sys.stderr)
     tasks = task_summary(result.tasks, cfg.group_size)
     print(_task_line(tasks, cfg.group_size))
     paired = None
