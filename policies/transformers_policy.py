@@ -8,7 +8,8 @@ from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 import torch
-from transformers import StoppingCriteria, StopStringCriteria, StoppingCriteriaList
+from transformers import (LogitsProcessor, LogitsProcessorList, StoppingCriteria, StopStringCriteria,
+                          StoppingCriteriaList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from agentgym.policy import Generation, SamplingParams, cut_at_stop, weight_name_mismatch
 
@@ -40,6 +41,40 @@ def check_options(options: dict[str, Any]) -> None:
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise ValueError(f"unknown hf backend option(s) {unknown}; the hf backend takes {list(OPTIONS)}")
+
+
+class InverseCdfSampler(LogitsProcessor):
+    """Draws each row's next token from ``softmax(scores)`` with one uniform number per row (inverse CDF:
+    the first token whose cumulative probability exceeds it), and returns scores that make greedy
+    decoding pick exactly that token (0 there, -inf elsewhere).
+
+    The same categorical distribution ``torch.multinomial`` samples, from a different random stream
+    (the global torch generator, seeded as before). Why: on the CPU ``multinomial`` draws an exponential
+    for every vocabulary entry, 23 ms per decode step for 16 rows × 49 152 tokens at 2 threads, about a
+    sixth of SmolLM2's whole decode step; this takes 2 ms (``benchmarks/notes/performance.md``, issue 49).
+    A token of probability 0 (cut by top-k / top-p) is never drawn: its cumulative value equals its
+    predecessor's, and the search takes the first entry strictly above ``u``.
+    """
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        cdf = torch.softmax(scores.float(), dim=-1).cumsum_(-1)
+        u = torch.rand((scores.shape[0], 1), device=scores.device) * cdf[:, -1:]
+        token = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
+        return torch.full_like(scores, float("-inf")).scatter_(1, token, 0.0)
+
+
+def sampling_processors(sp: SamplingParams) -> LogitsProcessorList:
+    """Temperature, top-k and top-p (``transformers``' own warpers, in the order ``generate`` applies them),
+    then :class:`InverseCdfSampler`: for ``generate(do_sample=False)``, which then takes the drawn token.
+    The model's ``generation_config`` adds no sampling setting of its own on this path."""
+    procs: list[LogitsProcessor] = []
+    if sp.temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(sp.temperature))
+    if sp.top_k:
+        procs.append(TopKLogitsWarper(sp.top_k))
+    if sp.top_p < 1.0:
+        procs.append(TopPLogitsWarper(sp.top_p))
+    return LogitsProcessorList([*procs, InverseCdfSampler()])
 
 
 class _ProgressCriterion(StoppingCriteria):
@@ -322,10 +357,10 @@ class TransformersPolicy(TokenBackend):
             torch.manual_seed(sp.seed)
         kwargs: dict[str, Any] = dict(max_new_tokens=sp.max_new_tokens, return_dict_in_generate=True,
                                       output_logits=True, pad_token_id=pad, eos_token_id=self.eos_ids)
-        if sp.greedy:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:
-            kwargs.update(do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or None)
+        # sampling is our logits processors + greedy's argmax (see InverseCdfSampler: multinomial is slow on the CPU)
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if not sp.greedy:
+            kwargs["logits_processor"] = sampling_processors(sp)
         if past is not None:
             kwargs[generate_cache_name()] = past
         criteria = StoppingCriteriaList([self._stop_criterion(tuple(sp.stop))] if sp.stop else [])

@@ -134,7 +134,8 @@ def test_stop_string_cuts_at_the_completing_token_and_keeps_it(tok):
     pieces = [tok.decode([i]) for i in ids]
     # a stop string that starts inside token 3 and is completed inside token 5 (mid-token)
     j = next(j for j in range(5, 11) if len(pieces[j].strip()) >= 2 and len(pieces[j - 2]) >= 2)
-    stop = pieces[j - 2][-1] + pieces[j - 1] + pieces[j].strip()[0]
+    lead = len(pieces[j]) - len(pieces[j].lstrip())   # token j's leading space belongs to the stop string too
+    stop = pieces[j - 2][-1] + pieces[j - 1] + pieces[j][:lead + 1]
     assert stop not in tok.decode(ids[:j])
     cut = pol.generate(prompts, SamplingParams(max_new_tokens=12, seed=5, stop=(stop,)))
     g = cut[1]
@@ -418,3 +419,52 @@ def test_cpu_gqa_attention_runs_a_bf16_update_in_fp32_and_generation_in_bf16(tok
     with KernelDtypes() as kernels, torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         model(input_ids=ids, attention_mask=mask)
     assert kernels.seen == [torch.bfloat16] * 2                                   # generation keeps bf16
+
+
+# --- the sampler: inverse CDF instead of torch.multinomial (issue 49) ---------------------------------------
+
+def _draws(scores, n, seed=0, sp=None):
+    from agentgym.policies.transformers_policy import InverseCdfSampler, sampling_processors
+    procs = sampling_processors(sp) if sp is not None else [InverseCdfSampler()]
+    torch.manual_seed(seed)
+    rows = scores.expand(n, -1).clone()
+    for p in procs:
+        rows = p(None, rows)
+    assert torch.isfinite(rows).sum(-1).eq(1).all()      # exactly one finite score per row: greedy takes it
+    return rows.argmax(-1)
+
+
+def test_inverse_cdf_sampler_draws_the_softmax_distribution():
+    scores = torch.tensor([[2.0, 0.5, float("-inf"), -1.0, 1.0]])
+    n = 40000
+    counts = torch.bincount(_draws(scores, n), minlength=5).float()
+    p = torch.softmax(scores, -1)[0]
+    assert counts[2] == 0                                   # probability 0 is never drawn
+    sigma = (n * p * (1 - p)).sqrt()
+    assert ((counts - n * p).abs() <= 4 * sigma + 1).all(), (counts / n, p)
+
+
+def test_inverse_cdf_sampler_with_temperature_top_k_and_top_p():
+    scores = torch.tensor([[3.0, 2.5, 2.0, 0.0, -1.0]])
+    n = 20000
+    top2 = torch.bincount(_draws(scores, n, sp=SamplingParams(top_k=2)), minlength=5)
+    assert top2[2:].sum() == 0 and top2[0] > top2[1] > 0
+    hot = torch.bincount(_draws(scores, n, sp=SamplingParams(temperature=0.5)), minlength=5).float() / n
+    assert hot[0] == pytest.approx(float(torch.softmax(scores / 0.5, -1)[0, 0]), abs=0.015)
+    # top_p 0.5: the smallest set whose mass reaches 0.5 is {0, 1} here (p0 = 0.49)
+    nucleus = torch.bincount(_draws(scores, n, sp=SamplingParams(top_p=0.5)), minlength=5)
+    assert nucleus[2:].sum() == 0 and nucleus[1] > 0
+
+
+def test_inverse_cdf_sampler_never_draws_a_zero_probability_token_at_u_zero(monkeypatch):
+    from agentgym.policies.transformers_policy import InverseCdfSampler
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.zeros(shape))
+    scores = torch.tensor([[float("-inf"), float("-inf"), 0.0, 1.0]])
+    assert InverseCdfSampler()(None, scores).argmax(-1).item() == 2
+
+
+def test_sampled_generation_is_reproducible_and_varies_with_the_seed(tok):
+    pol = tiny_policy()
+    prompts = chat_prompts(tok)
+    a = _sample(pol, prompts, seed=3)
+    assert a == _sample(pol, prompts, seed=3) and a != _sample(pol, prompts, seed=4)
