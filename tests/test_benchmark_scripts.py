@@ -231,3 +231,20 @@ def test_openenv_server_benchmark_runs_both_servers():
     rounds = re.findall(r"^\s+(\d) (ours|openenv)\s", r.stdout, re.M)
     assert rounds == [("1", "ours"), ("1", "openenv"), ("2", "openenv"), ("2", "ours")]  # alternating order
     assert "median ratio ours/openenv" in r.stdout
+
+
+def test_hf_sampling_benchmark_times_both_samplers(tmp_path):
+    out = tmp_path / "hs.json"
+    r = _run("hf_sampling.py", "--model", "tiny-random", "--new-tokens", "3", "--batch", "4", "--repeats", "1",
+             "--threads", "1", "--out", str(out))
+    data = json.loads(out.read_text())
+    assert set(data["arms"]) == {"multinomial", "inverse_cdf"}
+    assert data["batch"] == 4 and data["new_tokens"] == 3 and data["machine"]["threads"] == 1
+    assert all(a["generate_s_median"] > 0 and a["draw_ms_median"] > 0 for a in data["arms"].values())
+    assert "inverse_cdf vs multinomial" in r.stdout
+
+
+def test_hf_sampling_benchmark_refuses_a_zero_count():
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hf_sampling.py"), "--repeats", "0"],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2 and "must be >= 1" in r.stderr and "Traceback" not in r.stderr
