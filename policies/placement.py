@@ -11,7 +11,8 @@ The rules, by the backend's declared capabilities (never its name):
   cannot, as its passes are collective); an HF copy when ``max_staleness > 0`` (the next batch is
   generated while the learner updates, so the sampler must not be the module being stepped).
 
-A backend that ``follows_run_precision`` gets ``precision=`` (it generates under the run's autocast);
+A backend that ``follows_run_precision`` gets ``precision=`` (it generates under the run's autocast), a
+policy handed in to be trained in place too (``use_precision``; its other options stay its own);
 one that runs as an ``engine_bf16_with_run`` runs in bf16 when the run does (fp32 master weights
 stay with the learner) unless ``dtype`` is set — a single engine and Ray rollout workers alike. A separate sampler must declare
 ``supports_weight_sync`` (the trainer syncs it after every update), else training is refused.
@@ -42,6 +43,7 @@ def place_sampler(cfg: Any, backend: str, precision: Any, policy: Any | None = N
         options.setdefault("precision", precision.name)   # options are checked where they load (load_policy)
     sampler_dtype = cfg.dtype or ("bfloat16" if cls.engine_bf16_with_run and precision.bf16 else None)
     colocated = cls.trains_in_place and not cfg.fsdp and not cfg.max_staleness
+    given = policy is not None
     if policy is None:  # any model spec, including an SFT / DPO output or another run's checkpoint
         policy = load_policy(cfg.model, trainable_backend(), device=cfg.device, dtype=train_dtype, seed=cfg.seed,
                              **(options if colocated and not cfg.rollout_workers else {}))
@@ -52,6 +54,8 @@ def place_sampler(cfg: Any, backend: str, precision: Any, policy: Any | None = N
                                 dtype=sampler_dtype, **options)
     elif colocated:
         sampler = policy                    # samples with the module being trained
+        if given and cls.follows_run_precision and hasattr(policy, "use_precision"):
+            policy.use_precision(precision.name)   # a policy handed in (agentgym compare's copies) too
     else:                                   # a separate engine, loaded from the same weights
         sampler = load_policy(cfg.model, backend, device=cfg.device, dtype=sampler_dtype, seed=cfg.seed, **options)
         if not sampler.supports_weight_sync:

@@ -219,6 +219,16 @@ class TransformersPolicy(TokenBackend):
         self.model.load_state_dict(state, strict=False)
         return time.perf_counter() - t0
 
+    def use_precision(self, precision: str) -> None:
+        """Generate under ``precision`` (``fp32`` or ``bf16``) from now on. A trainer handed this policy to train
+        in place calls it with the run's resolved precision, so that sampling and the learner agree (as when
+        the trainer loads the model itself); the KV store, computed at the old precision, is dropped."""
+        from agentgym.precision import Precision, check_precision
+        if check_precision(precision) == "auto":
+            raise ValueError("precision: the hf policy takes a resolved fp32 or bf16 (the trainer resolves auto)")
+        self.precision = Precision(precision, self.device.type, precision)
+        self.clear_kv_cache()
+
     def close(self) -> None:
         """Drops the KV store (the module is garbage-collected with the policy)."""
         self.clear_kv_cache()

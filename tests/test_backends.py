@@ -134,6 +134,40 @@ def test_placement_keeps_the_rules():
     assert sampler.model is not given.model
 
 
+def test_a_policy_handed_in_generates_at_the_run_precision():
+    """agentgym compare hands the trainer a fresh copy of a loaded policy (fp32 by default): trained in place, it
+    must sample under the run's precision, as when the trainer loads the model itself (it once stayed fp32 while
+    the learner ran bf16, so compare's runs sampled differently from agentgym train's)."""
+    given = TransformersPolicy.tiny_random(seed=0)
+    assert given.precision.name == "fp32"
+    train, sampler = place_sampler(_cfg(), "hf", resolve_precision("bf16", "cpu"), given)
+    assert train is given and sampler is given and given.precision.name == "bf16"
+    place_sampler(_cfg(), "hf", resolve_precision("fp32", "cpu"), given)
+    assert given.precision.name == "fp32"
+    with pytest.raises(ValueError, match="resolved fp32 or bf16"):
+        given.use_precision("auto")
+
+
+def test_the_trainer_samples_a_handed_in_policy_under_bf16_autocast(tmp_path, monkeypatch):
+    """End to end through the Trainer, as agentgym compare runs it: generation sees bf16 autocast."""
+    import torch
+    from agentgym.algorithms.loop.trainer import Trainer
+    given = TransformersPolicy.tiny_random(seed=0)
+    seen = []
+    real = given._generate_batch
+    def spy(*a, **k):
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return real(*a, **k)
+    monkeypatch.setattr(given, "_generate_batch", spy)
+    cfg = TrainConfig(model="tiny-random", env="Arithmetic-v0", env_kwargs={}, steps=1, groups_per_step=1,
+                      group_size=2, precision="bf16", output_dir=str(tmp_path / "run"), checkpoint_every=0,
+                      tensorboard=False)
+    trainer = Trainer(cfg, policy=given, log=lambda m: None)
+    assert trainer.policy is given and given.precision.name == "bf16"
+    trainer.engine.collect("Arithmetic-v0", num_groups=1, group_size=2, seed=0)
+    assert seen and all(seen)
+
+
 def test_a_backend_that_cannot_take_weights_is_refused_for_training_but_evaluates(tok):
     class Frozen(TokenBackend):
         def __init__(self, tokenizer):
