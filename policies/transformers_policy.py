@@ -140,11 +140,6 @@ class TransformersPolicy(TokenBackend):
                  reuse_kv: bool = True, kv_cache_tokens: int = 32768, precision: str = "fp32"):
         if kv_cache_tokens < 0:
             raise ValueError(f"kv_cache_tokens must be >= 0 (got {kv_cache_tokens})")
-        from agentgym.precision import Precision, check_precision
-        if check_precision(precision) == "auto":
-            raise ValueError("precision: the hf policy takes a resolved fp32 or bf16 (the trainer resolves auto)")
-        #: generation runs under this autocast (bf16: the run's precision, see agentgym.precision)
-        self.precision = Precision(precision, next(model.parameters()).device.type, precision)
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -155,6 +150,8 @@ class TransformersPolicy(TokenBackend):
         self._kv_weights: tuple[int, ...] | None = None
         #: tokens whose keys/values came from the store instead of a prefill (for benchmarks and logs)
         self.kv_reused_tokens = 0
+        #: generation runs under this autocast (bf16: the run's precision, see agentgym.precision)
+        self.use_precision(precision)
         self.name = name or getattr(getattr(model, "config", None), "_name_or_path", "model")
         eos = {tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
